@@ -1,0 +1,218 @@
+"""The autograd engine: backward semantics, graph freeing, grad mode, hooks."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as tg
+from tinygrad_attn import Tensor
+
+
+def test_reused_tensor_accumulates_gradient():
+    x = Tensor([3.0], requires_grad=True)
+    ((x + x) * x).backward()  # d/dx 2x^2 = 4x
+    assert x.grad.tolist() == [12.0]
+
+
+def test_diamond_graph():
+    x = Tensor([2.0], requires_grad=True)
+    a = x * 3
+    b = x.exp()
+    (a * b).backward()  # d/dx 3x e^x = 3 e^x (1 + x)
+    np.testing.assert_allclose(x.grad.data, 3 * np.exp(2.0) * 3, rtol=1e-6)
+
+
+def test_grad_accumulates_across_backward_calls_like_pytorch():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()
+    (x * x).sum().backward()
+    assert x.grad.tolist() == [4.0, 8.0]
+
+
+def test_grads_of_two_leaves_do_not_share_memory():
+    # Add passes the same gradient array to both inputs; accumulating into one
+    # leaf's .grad must not change the other's.
+    a = Tensor([1.0], requires_grad=True)
+    b = Tensor([1.0], requires_grad=True)
+    (a + b).sum().backward()
+    (a * 3).sum().backward()
+    assert a.grad.tolist() == [4.0] and b.grad.tolist() == [1.0]
+
+
+def test_deep_chain_without_recursion_error():
+    x = Tensor(1.0, requires_grad=True, dtype="float64")
+    y = x
+    for _ in range(10_000):
+        y = y * 1.0001
+    y.backward()
+    np.testing.assert_allclose(x.grad.item(), 1.0001 ** 10_000, rtol=1e-9)
+
+
+def test_backward_on_non_scalar_needs_gradient():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"one element.*shape \(2,\)"):
+        (x * 2).backward()
+    (x * 2).backward(Tensor([1.0, 10.0]))
+    assert x.grad.tolist() == [2.0, 20.0]
+    with pytest.raises(RuntimeError, match="gradient has shape"):
+        (x * 2).backward(np.ones(3))
+
+
+def test_backward_on_tensor_without_graph_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor([1.0]).sum().backward()
+
+
+def test_second_backward_through_freed_graph_raises():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+
+
+def test_retain_graph_allows_a_second_backward():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert x.grad.tolist() == [4.0, 8.0]
+
+
+def test_saved_arrays_are_freed_after_backward():
+    x = Tensor(np.ones(1000), requires_grad=True)
+    big = x.exp()
+    ref = weakref.ref(big.data)
+    loss = (big * 2).sum()
+    del big
+    gc.collect()
+    assert ref() is not None  # kept alive by the graph (Exp and Mul saved it)
+    loss.backward()
+    gc.collect()
+    assert ref() is None
+
+
+def test_no_grad_context_and_decorator():
+    x = Tensor([1.0], requires_grad=True)
+    with tg.no_grad():
+        y = x * 2
+        assert not tg.is_grad_enabled()
+        with tg.enable_grad():
+            z = x * 2
+    assert not y.requires_grad and y.is_leaf
+    assert z.requires_grad
+
+    @tg.no_grad()
+    def f(t):
+        return t * 3
+
+    assert not f(x).requires_grad and tg.is_grad_enabled()
+
+
+def test_no_graph_without_inputs_that_require_grad():
+    y = Tensor([1.0]) * Tensor([2.0])
+    assert y.is_leaf and not y.requires_grad and y._ctx is None
+
+
+def test_leaf_and_non_leaf_grads_and_retain_grad():
+    x = Tensor([2.0], requires_grad=True)
+    h = x * 3
+    h.retain_grad()
+    m = x * 5
+    (h * m).backward()
+    assert x.is_leaf and not h.is_leaf
+    assert h.grad.tolist() == [10.0]  # dL/dh = m = 5x
+    assert m.grad is None  # non-leaf without retain_grad keeps no grad
+    assert x.grad.tolist() == [60.0]  # d/dx 15x^2
+
+
+def test_detach_and_requires_grad_():
+    x = Tensor([2.0], requires_grad=True)
+    d = (x * 2).detach()
+    assert not d.requires_grad and d.is_leaf
+    w = Tensor([1.0]).requires_grad_()
+    assert w.requires_grad
+    with pytest.raises(RuntimeError, match="leaf"):
+        (x * 2).requires_grad_(False)
+
+
+def test_register_hook_sees_and_can_replace_gradient():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    seen = []
+    y = x * 2
+    y.register_hook(lambda g: seen.append(g.tolist()))
+    handle = x.register_hook(lambda g: g * 10)
+    y.sum().backward()
+    assert seen == [[1.0, 1.0]]
+    assert x.grad.tolist() == [20.0, 20.0]
+    handle.remove()
+    x.grad = None
+    (x * 2).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0]
+
+
+def test_functional_grad_does_not_touch_dot_grad():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = Tensor([3.0], requires_grad=True)
+    gx, gy = tg.grad((x * x).sum(), [x, y], allow_unused=True)
+    assert gx.tolist() == [2.0, 4.0] and gy is None and x.grad is None
+    with pytest.raises(RuntimeError, match="not used"):
+        tg.grad((x * x).sum(), [x, y])
+
+
+def test_broadcast_gradients_are_reduced_to_input_shape():
+    x = Tensor(np.ones((3, 1)), requires_grad=True)
+    b = Tensor(np.ones(4), requires_grad=True)
+    (x * b).sum().backward()
+    assert x.grad.shape == (3, 1) and x.grad.tolist() == [[4.0]] * 3
+    assert b.grad.shape == (4,) and b.grad.tolist() == [3.0] * 4
+
+
+def test_custom_function_with_keyword_params():
+    class ScaledSquare(tg.Function):
+        """z = k x^2.   dz/dx = 2 k x."""
+
+        @staticmethod
+        def forward(ctx, x, k=1.0):
+            ctx.save_for_backward(x)
+            ctx.k = k
+            return k * x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, = ctx.saved_tensors
+            return grad * 2 * ctx.k * x
+
+    x = Tensor([1.0, -2.0], requires_grad=True, dtype="float64")
+    y = ScaledSquare.apply(x, k=3.0)
+    assert y.grad_fn == "ScaledSquare" and y.tolist() == [3.0, 12.0]
+    assert tg.gradcheck(lambda t: ScaledSquare.apply(t, k=3.0), x)
+    assert "ScaledSquare" not in tg.Function.registry  # only the framework's own ops are registered
+
+
+def test_backward_returning_wrong_number_of_gradients_is_reported():
+    class Broken(tg.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x + y
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    a, b = Tensor([1.0], requires_grad=True), Tensor([1.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="Broken.backward returned 1 gradients for 2 inputs"):
+        Broken.apply(a, b).sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")
+def test_detect_anomaly_names_the_op_in_forward_and_backward():
+    x = Tensor([0.0, 1.0], requires_grad=True)
+    with tg.detect_anomaly():
+        with pytest.raises(tg.AnomalyError, match=r"Log \(forward\) produced Inf"):
+            x.log()
+    y = x.sqrt()  # fine forward, 1/(2*0) = inf in backward
+    with tg.detect_anomaly():
+        with pytest.raises(tg.AnomalyError, match=r"Sqrt \(backward\) produced Inf"):
+            y.sum().backward()

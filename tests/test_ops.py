@@ -1,0 +1,287 @@
+"""Every registered op: forward against numpy, backward against finite differences.
+
+CASES maps each op name in `Function.registry` to one or more cases. A case
+is a hypothesis strategy that draws a `Case(fn, ref, arrays)`: `fn` runs on
+Tensors, `ref` on numpy arrays, `arrays` are the float64 inputs (all
+differentiated). `test_every_registered_op_has_a_case` fails when an op is
+added without one.
+"""
+from typing import Callable, NamedTuple
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.special import erf
+
+import tinygrad_attn as tg
+from tinygrad_attn.autograd import Function
+
+from .strategies import arrays, broadcast_shapes, shapes
+
+
+class Case(NamedTuple):
+    fn: Callable
+    ref: Callable
+    arrays: tuple
+    gradcheck_kwargs: dict = {}
+
+
+def unary(fn, ref, **array_kwargs):
+    @st.composite
+    def case(draw):
+        return Case(fn, ref, (draw(arrays(draw(shapes()), **array_kwargs)),))
+    return case()
+
+
+def binary(fn, ref, a_kwargs=None, b_kwargs=None):
+    @st.composite
+    def case(draw):
+        sa, sb = draw(broadcast_shapes(2))
+        return Case(fn, ref, (draw(arrays(sa, **(a_kwargs or {}))), draw(arrays(sb, **(b_kwargs or {})))))
+    return case()
+
+
+@st.composite
+def reduction(draw, method, ref, keep_kwarg=True, min_side=1, **kwargs):
+    """x.method(axis, keepdims) for axis None, one axis, or several axes."""
+    shape = draw(shapes(min_dims=1, min_side=min_side))
+    x = draw(arrays(shape))
+    kind = draw(st.sampled_from(["all", "one", "several"]))
+    if kind == "all":
+        axis = None
+    elif kind == "one":
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+    else:
+        axis = tuple(draw(st.sets(st.integers(0, len(shape) - 1), min_size=1)))
+    keepdims = draw(st.booleans())
+    fn = lambda t: getattr(t, method)(axis=axis, keepdims=keepdims, **kwargs)
+    return Case(fn, lambda a: ref(a, axis=axis, keepdims=keepdims), (x,))
+
+
+@st.composite
+def maximum_case(draw, fn, ref):
+    sa, sb = draw(broadcast_shapes(2))
+    # a on multiples of 0.5, b a quarter off them: the two never come closer
+    # than 0.25, so finite differences never cross a tie.
+    a = np.round(draw(arrays(sa)) * 2) / 2
+    b = np.round(draw(arrays(sb)) * 2) / 2 + 0.25
+    return Case(fn, ref, (a, b))
+
+
+@st.composite
+def where_case(draw):
+    sc, sa, sb = draw(broadcast_shapes(3))
+    cond = np.random.default_rng(draw(st.integers(0, 1000))).random(sc) > 0.5
+    a, b = draw(arrays(sa)), draw(arrays(sb))
+    return Case(lambda x, y: tg.where(tg.Tensor(cond), x, y), lambda x, y: np.where(cond, x, y), (a, b))
+
+
+@st.composite
+def masked_fill_case(draw):
+    sx, sm = draw(broadcast_shapes(2))
+    full = np.broadcast_shapes(sx, sm)
+    x = draw(arrays(full))
+    mask = np.random.default_rng(draw(st.integers(0, 1000))).random(sm) > 0.5
+    value = draw(st.floats(-3, 3))
+    return Case(lambda t: t.masked_fill(tg.Tensor(mask), value), lambda a: np.where(mask, value, a), (x,))
+
+
+@st.composite
+def clip_case(draw):
+    lo, hi = sorted(draw(st.lists(st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0]), min_size=2,
+                                  max_size=2, unique=True)))
+    bounds = draw(st.sampled_from([(lo, hi), (lo, None), (None, hi)]))
+    x = draw(arrays(draw(shapes()), away_from=[b for b in bounds if b is not None]))
+    return Case(lambda t: t.clip(*bounds), lambda a: np.clip(a, *bounds), (x,))
+
+
+@st.composite
+def pow_case(draw):
+    sa, sb = draw(broadcast_shapes(2))
+    base = draw(arrays(sa, low=0.5, high=2.0))
+    exponent = draw(arrays(sb, low=-2.0, high=2.0))
+    return Case(lambda a, b: a ** b, np.power, (base, exponent))
+
+
+@st.composite
+def pow_scalar_case(draw):
+    x = draw(arrays(draw(shapes()), low=0.5, high=2.0))
+    k = draw(st.sampled_from([2, 3, 0.5, -1.5]))
+    if draw(st.booleans()):
+        return Case(lambda t: t ** k, lambda a: a ** k, (x,))
+    return Case(lambda t: k ** t, lambda a: np.power(float(abs(k)), a), (x,)) if k > 0 else \
+        Case(lambda t: t ** k, lambda a: a ** k, (x,))
+
+
+@st.composite
+def matmul_case(draw):
+    kind = draw(st.sampled_from(["2d", "batched", "broadcast", "vec-mat", "mat-vec", "dot"]))
+    n, k, m = (draw(st.integers(1, 4)) for _ in range(3))
+    batch = draw(shapes(min_dims=1, max_dims=2, max_side=3))
+    a_shape, b_shape = {
+        "2d": ((n, k), (k, m)),
+        "batched": (batch + (n, k), batch + (k, m)),
+        "broadcast": (batch + (n, k), (k, m)) if draw(st.booleans()) else ((n, k), batch + (k, m)),
+        "vec-mat": ((k,), batch + (k, m)),
+        "mat-vec": (batch + (n, k), (k,)),
+        "dot": ((k,), (k,)),
+    }[kind]
+    return Case(lambda a, b: a @ b, np.matmul, (draw(arrays(a_shape)), draw(arrays(b_shape))))
+
+
+@st.composite
+def reshape_case(draw):
+    shape = draw(shapes())
+    size = int(np.prod(shape))
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+    d = draw(st.sampled_from(divisors))
+    new = draw(st.sampled_from([(size,), (d, -1), (-1, d, 1), (1, size // d, d)]))
+    return Case(lambda t: t.reshape(new), lambda a: a.reshape(new), (draw(arrays(shape)),))
+
+
+@st.composite
+def permute_case(draw):
+    shape = draw(shapes(min_dims=1))
+    axes = tuple(draw(st.permutations(range(len(shape)))))
+    return Case(lambda t: t.permute(axes), lambda a: a.transpose(axes), (draw(arrays(shape)),))
+
+
+@st.composite
+def expand_case(draw):
+    target = draw(shapes(min_dims=1))
+    # An input that broadcasts to target: drop some leading axes, set others to 1.
+    start = draw(st.integers(0, len(target)))
+    in_shape = tuple(1 if draw(st.booleans()) else s for s in target[start:])
+    return Case(lambda t: t.expand(target), lambda a: np.broadcast_to(a, target), (draw(arrays(in_shape)),))
+
+
+@st.composite
+def getitem_case(draw):
+    shape = draw(shapes(min_dims=1, min_side=2))
+    x = draw(arrays(shape))
+    n0 = shape[0]
+    kind = draw(st.sampled_from(["int", "slice", "none-ellipsis", "int-array-repeats", "bool-mask",
+                                 "mixed"]))
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    index = {
+        "int": -1,
+        "slice": slice(None, None, 2),
+        "none-ellipsis": (None, Ellipsis, 0),
+        "int-array-repeats": np.array([0, 1, 0, n0 - 1]),  # repeated indices must accumulate
+        "bool-mask": rng.random(shape) > 0.4,
+        "mixed": (slice(1, None), [0, 0]) if len(shape) >= 2 else [1, 1],
+    }[kind]
+    return Case(lambda t: t[index], lambda a: a[index], (x,))
+
+
+@st.composite
+def cat_case(draw):
+    shape = draw(shapes(min_dims=1))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    parts = []
+    for _ in range(draw(st.integers(1, 3))):
+        s = list(shape)
+        s[axis] = draw(st.integers(1, 3))
+        parts.append(draw(arrays(tuple(s))))
+    return Case(lambda *ts: tg.cat(ts, dim=axis), lambda *a: np.concatenate(a, axis=axis), tuple(parts))
+
+
+@st.composite
+def stack_case(draw):
+    shape = draw(shapes(max_dims=3))
+    axis = draw(st.integers(-len(shape) - 1, len(shape)))
+    parts = tuple(draw(arrays(shape)) for _ in range(draw(st.integers(1, 3))))
+    return Case(lambda *ts: tg.stack(ts, dim=axis), lambda *a: np.stack(a, axis=axis), parts)
+
+
+@st.composite
+def cast_case(draw):
+    x = draw(arrays(draw(shapes())))
+    # For float64 inputs both casts (to float32 and back) are in the graph. The
+    # float32 step rounds, so the finite differences need a larger eps.
+    return Case(lambda t: (t.float() * 2).to(t.dtype),
+                lambda a: (a.astype(np.float32) * 2).astype(a.dtype), (x,),
+                dict(eps=1e-2, atol=1e-4))
+
+
+def _gelu_tanh(a):
+    return 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3)))
+
+
+def _np_var(a, axis=None, keepdims=False):
+    count = a.size if axis is None else int(np.prod([a.shape[i] for i in np.atleast_1d(axis)]))
+    return np.var(a, axis=axis, keepdims=keepdims, ddof=1) if count > 1 else \
+        np.full(np.var(a, axis=axis, keepdims=keepdims).shape, np.nan)
+
+
+def _np_logsumexp(a, axis=None, keepdims=False):
+    from scipy.special import logsumexp
+    return logsumexp(a, axis=axis, keepdims=keepdims)
+
+
+CASES = {
+    "Add": [binary(lambda a, b: a + b, np.add), unary(lambda t: 2.5 + t, lambda a: 2.5 + a)],
+    "Sub": [binary(lambda a, b: a - b, np.subtract), unary(lambda t: 1 - t, lambda a: 1 - a)],
+    "Mul": [binary(lambda a, b: a * b, np.multiply), unary(lambda t: t * 3, lambda a: a * 3)],
+    "Div": [binary(lambda a, b: a / b, np.divide, b_kwargs=dict(away_from=[0], margin=0.3)),
+            unary(lambda t: 1 / t, lambda a: 1 / a, away_from=[0], margin=0.3)],
+    "Pow": [pow_case(), pow_scalar_case()],
+    "Neg": [unary(lambda t: -t, np.negative)],
+    "Cast": [cast_case()],
+    "Exp": [unary(lambda t: t.exp(), np.exp)],
+    "Log": [unary(lambda t: t.log(), np.log, low=0.1, high=3.0)],
+    "Sqrt": [unary(lambda t: t.sqrt(), np.sqrt, low=0.1, high=3.0)],
+    "Tanh": [unary(lambda t: t.tanh(), np.tanh)],
+    "Sigmoid": [unary(lambda t: t.sigmoid(), lambda a: 1 / (1 + np.exp(-a)))],
+    "Relu": [unary(lambda t: t.relu(), lambda a: np.maximum(a, 0), away_from=[0])],
+    "Gelu": [unary(lambda t: t.gelu(), lambda a: 0.5 * a * (1 + erf(a / np.sqrt(2)))),
+             unary(lambda t: t.gelu(approximate="tanh"), _gelu_tanh)],
+    "Abs": [unary(lambda t: t.abs(), np.abs, away_from=[0])],
+    "Clip": [clip_case()],
+    "Maximum": [maximum_case(lambda a, b: a.maximum(b), np.maximum)],
+    "Minimum": [maximum_case(lambda a, b: tg.minimum(a, b), np.minimum)],
+    "Where": [where_case()],
+    "MaskedFill": [masked_fill_case()],
+    "Sum": [reduction("sum", np.sum)],
+    "Mean": [reduction("mean", np.mean)],
+    "Max": [reduction("max", np.max)],
+    "Min": [reduction("min", np.min)],
+    "Var": [reduction("var", _np_var, min_side=2)],
+    "LogSumExp": [reduction("logsumexp", _np_logsumexp)],
+    "Reshape": [reshape_case()],
+    "Permute": [permute_case()],
+    "Expand": [expand_case()],
+    "GetItem": [getitem_case()],
+    "Cat": [cat_case()],
+    "Stack": [stack_case()],
+    "MatMul": [matmul_case()],
+}
+
+CASE_IDS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]
+
+
+def test_every_registered_op_has_a_case():
+    missing = sorted(set(Function.registry) - set(CASES))
+    assert not missing, f"ops without a gradcheck case in tests/test_ops.py: {missing}"
+
+
+@pytest.mark.parametrize("name,i", CASE_IDS, ids=[f"{n}-{i}" for n, i in CASE_IDS])
+@given(data=st.data())
+def test_forward_matches_numpy(name, i, data):
+    case = data.draw(CASES[name][i])
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        tensors = [tg.Tensor(a.astype(dtype)) for a in case.arrays]
+        out = case.fn(*tensors)
+        expected = case.ref(*[a.astype(dtype) for a in case.arrays])
+        assert out.shape == np.shape(expected)
+        assert out.dtype == dtype, f"{name} changed dtype {dtype} to {out.dtype}"
+        np.testing.assert_allclose(out.data, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name,i", CASE_IDS, ids=[f"{n}-{i}" for n, i in CASE_IDS])
+@given(data=st.data())
+def test_gradcheck(name, i, data):
+    case = data.draw(CASES[name][i])
+    tensors = [tg.Tensor(a, requires_grad=True) for a in case.arrays]
+    assert tg.gradcheck(case.fn, tensors, **case.gradcheck_kwargs)

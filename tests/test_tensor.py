@@ -1,0 +1,260 @@
+"""The Tensor class: construction, dtypes, properties, methods and bad input."""
+import numpy as np
+import pytest
+
+import tinygrad_attn as tg
+from tinygrad_attn import Tensor
+
+
+# ------------------------------------------------------------- construction
+
+def test_python_floats_default_to_float32():
+    assert Tensor(1.5).dtype == np.float32
+    assert Tensor([[1.0, 2.0], [3.0, 4.0]]).dtype == np.float32
+    assert Tensor([1.0, 2.0], dtype="float64").dtype == np.float64
+    assert Tensor([1.0], dtype=tg.float64).dtype == np.float64
+
+
+def test_numpy_arrays_keep_float_dtypes_and_ints_become_int64():
+    assert Tensor(np.zeros(3, dtype=np.float64)).dtype == np.float64
+    assert Tensor(np.zeros(3, dtype=np.float32)).dtype == np.float32
+    assert Tensor(np.zeros(3, dtype=np.int32)).dtype == np.int64
+    assert Tensor([1, 2, 3]).dtype == np.int64
+    assert Tensor(np.zeros(2, dtype=np.float16)).dtype == np.float32
+    assert Tensor([True, False]).dtype == np.bool_
+
+
+def test_nested_lists_and_scalars():
+    t = Tensor([[1, 2, 3], [4, 5, 6]], dtype="float32")
+    assert t.shape == (2, 3) and t.ndim == 2 and t.size == 6 and len(t) == 2
+    assert Tensor(3.0).shape == () and Tensor(3.0).item() == 3.0
+
+
+@pytest.mark.parametrize("bad", ["hello", np.array(["a", "b"]), np.array([object()]), [1, "a"]])
+def test_unsupported_data_raises_type_error(bad):
+    with pytest.raises(TypeError):
+        Tensor(bad)
+
+
+def test_unsupported_dtype_argument_raises_type_error():
+    with pytest.raises(TypeError, match="dtype"):
+        Tensor([1.0], dtype=np.complex64)
+
+
+def test_ragged_lists_raise_value_error():
+    with pytest.raises(ValueError, match="Tensor"):
+        Tensor([[1.0, 2.0], [3.0]])
+
+
+def test_only_float_tensors_can_require_grad():
+    with pytest.raises(RuntimeError, match="floating point"):
+        Tensor([1, 2], requires_grad=True)
+
+
+def test_numpy_item_tolist_len_and_iteration():
+    a = np.arange(6.0).reshape(2, 3)
+    t = Tensor(a)
+    assert t.numpy() is a  # shared, like torch.from_numpy
+    assert t.tolist() == a.tolist()
+    assert [row.tolist() for row in t] == a.tolist()
+    with pytest.raises(ValueError, match="one element"):
+        t.item()
+    with pytest.raises(TypeError):
+        len(Tensor(1.0))
+    assert np.asarray(t) is a
+
+
+def test_repr_shows_values_dtype_and_grad_state():
+    assert repr(Tensor([1.0, 2.0])) == "tensor([1., 2.])"
+    assert "requires_grad=True" in repr(Tensor([1.0], requires_grad=True))
+    assert "dtype=float64" in repr(Tensor(np.zeros(2)))
+    y = Tensor([1.0], requires_grad=True) * 2
+    assert "grad_fn=<Mul>" in repr(y)
+
+
+def test_factories():
+    tg.manual_seed(0)
+    a = tg.randn(2, 3)
+    tg.manual_seed(0)
+    b = tg.randn((2, 3))
+    assert a.shape == (2, 3) and a.dtype == np.float32 and np.array_equal(a.data, b.data)
+    assert tg.zeros(2, 2).data.sum() == 0 and tg.ones(3).data.sum() == 3
+    assert tg.full((2,), 7.0).tolist() == [7.0, 7.0]
+    assert tg.arange(4).tolist() == [0, 1, 2, 3] and tg.arange(4).dtype == np.int64
+    assert tg.zeros_like(a).shape == a.shape
+    r = tg.rand(100)
+    assert 0 <= r.data.min() and r.data.max() < 1
+    i = tg.randint(0, 5, (10,))
+    assert i.dtype == np.int64 and i.data.max() < 5
+
+
+# ---------------------------------------------------------------- operators
+
+def test_reflected_operators_with_python_scalars_keep_dtype():
+    x = Tensor([1.0, 2.0])
+    for y, expected in [(2 + x, [3, 4]), (2 - x, [1, 0]), (2 * x, [2, 4]), (2 / x, [2, 1]),
+                        (2 ** x, [2, 4]), (x ** 2, [1, 4]), (-x, [-1, -2])]:
+        assert y.dtype == np.float32
+        np.testing.assert_allclose(y.data, expected)
+
+
+def test_numpy_array_on_the_left_gives_a_tensor():
+    y = np.array([1.0, 2.0], dtype=np.float32) + Tensor([1.0, 1.0], requires_grad=True)
+    assert isinstance(y, Tensor) and y.requires_grad
+
+
+def test_mixed_float_dtypes_promote_like_numpy():
+    assert (Tensor(np.ones(2)) + Tensor([1.0, 2.0])).dtype == np.float64
+
+
+def test_comparisons_return_boolean_tensors_without_grad():
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    for mask in (x > 1, x >= 2, x < 2, x <= 2, x == 2, x != 2):
+        assert mask.dtype == np.bool_ and not mask.requires_grad
+    assert (x > 1).tolist() == [False, True, True]
+    assert (~(x > 1)).tolist() == [True, False, False]
+    assert ((x > 1) & (x < 3)).tolist() == [False, True, False]
+    assert x[x > 1].tolist() == [2.0, 3.0]
+
+
+def test_tensors_are_hashable_despite_elementwise_eq():
+    x = Tensor([1.0])
+    assert {x: 1}[x] == 1
+
+
+def test_reductions_accept_pytorch_names():
+    x = Tensor(np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(x.sum(dim=1, keepdim=True).data, [[3.0], [12.0]])
+    np.testing.assert_array_equal(x.mean(axis=(0, 1)).data, 2.5)
+    with pytest.raises(TypeError, match="unexpected"):
+        x.sum(dims=1)
+
+
+def test_var_and_std_correction():
+    a = np.random.default_rng(0).normal(size=(4, 5))
+    x = Tensor(a)
+    np.testing.assert_allclose(x.var(axis=1).data, a.var(axis=1, ddof=1))
+    np.testing.assert_allclose(x.var(axis=1, correction=0).data, a.var(axis=1))
+    np.testing.assert_allclose(x.std(axis=(0, 1)).data, a.std(ddof=1))
+
+
+def test_argmax_argmin():
+    x = Tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]])
+    assert x.argmax(axis=1).tolist() == [1, 0] and x.argmin(axis=1).tolist() == [0, 1]
+    assert x.argmax().item() == 3
+
+
+# ----------------------------------------------------------------- movement
+
+def test_movement_methods_match_numpy():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    x = Tensor(a)
+    np.testing.assert_array_equal(x.transpose(0, 2).data, a.swapaxes(0, 2))
+    np.testing.assert_array_equal(x.transpose().data, a.transpose())
+    np.testing.assert_array_equal(x.transpose(1, 2, 0).data, a.transpose(1, 2, 0))
+    np.testing.assert_array_equal(x.permute(2, 0, 1).data, a.transpose(2, 0, 1))
+    np.testing.assert_array_equal(x.swapaxes(-1, 0).data, a.swapaxes(-1, 0))
+    np.testing.assert_array_equal(x.T.data, a.T)
+    np.testing.assert_array_equal(x.reshape(6, -1).data, a.reshape(6, -1))
+    np.testing.assert_array_equal(x.view(4, 6).data, a.reshape(4, 6))
+    np.testing.assert_array_equal(x.flatten().data, a.ravel())
+    np.testing.assert_array_equal(x.flatten(1).data, a.reshape(2, 12))
+    assert x.unsqueeze(1).shape == (2, 1, 3, 4) and x.unsqueeze(-1).shape == (2, 3, 4, 1)
+    assert Tensor(np.zeros((1, 3, 1))).squeeze().shape == (3,)
+    assert Tensor(np.zeros((1, 3, 1))).squeeze(0).shape == (3, 1)
+    assert Tensor(np.zeros((2, 1))).expand(3, 2, -1).shape == (3, 2, 1)
+    assert Tensor(np.zeros((2, 1))).broadcast_to((2, 5)).shape == (2, 5)
+
+
+def test_split_and_chunk():
+    x = Tensor(np.arange(10.0), requires_grad=True)
+    parts = x.split(4)
+    assert [p.tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    parts = x.split([2, 8])
+    assert [p.shape for p in parts] == [(2,), (8,)]
+    chunks = x.chunk(3)
+    assert [c.shape for c in chunks] == [(4,), (4,), (2,)]
+    (chunks[0].sum() * 1 + chunks[2].sum() * 3).backward()
+    assert x.grad.tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 3, 3]
+    with pytest.raises(tg.ShapeError, match="do not add up"):
+        x.split([3, 3])
+
+
+def test_getitem_repeated_indices_accumulate():
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x[[0, 0, 2]].sum().backward()
+    assert x.grad.tolist() == [2.0, 0.0, 1.0]
+    x.grad = None
+    x[Tensor([1, 1, 1])].sum().backward()
+    assert x.grad.tolist() == [0.0, 3.0, 0.0]
+
+
+def test_cat_stack_where_free_functions():
+    a, b = Tensor([[1.0, 2.0]]), Tensor([[3.0, 4.0]])
+    assert tg.cat([a, b]).tolist() == [[1, 2], [3, 4]]
+    assert tg.cat([a, b], dim=1).tolist() == [[1, 2, 3, 4]]
+    assert tg.stack([a, b], dim=1).shape == (1, 2, 2)
+    assert tg.where(a > 1, a, 0.0).tolist() == [[0, 2]]
+    assert a.masked_fill(a > 1, -1).tolist() == [[1, -1]]
+
+
+def test_float_casts_carry_gradient():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x.double()
+    assert y.dtype == np.float64
+    (y * y).sum().backward()
+    assert x.grad.dtype == np.float32 and x.grad.tolist() == [2.0, 4.0]
+    assert Tensor([1.7]).long().tolist() == [1]
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_binary_shape_mismatch_names_op_and_shapes():
+    with pytest.raises(tg.ShapeError, match=r"add: shapes \(2, 3\) and \(4,\)"):
+        Tensor(np.zeros((2, 3))) + Tensor(np.zeros(4))
+    with pytest.raises(tg.ShapeError, match=r"mul: shapes \(2,\) and \(3,\)"):
+        Tensor(np.zeros(2)) * Tensor(np.zeros(3))
+
+
+def test_matmul_shape_mismatch_names_both_shapes():
+    with pytest.raises(tg.ShapeError, match=r"matmul: cannot multiply shapes \(2, 3\) and \(4, 5\)"):
+        Tensor(np.zeros((2, 3))) @ Tensor(np.zeros((4, 5)))
+    with pytest.raises(tg.ShapeError, match="batch"):
+        Tensor(np.zeros((2, 2, 3))) @ Tensor(np.zeros((3, 3, 4)))
+    with pytest.raises(tg.ShapeError, match="at least one dimension"):
+        Tensor(1.0) @ Tensor(np.zeros(3))
+
+
+def test_reshape_and_cat_errors_name_shapes():
+    with pytest.raises(tg.ShapeError, match=r"reshape: .*shape \(2, 3\).*\(4,\)"):
+        Tensor(np.zeros((2, 3))).reshape(4)
+    with pytest.raises(tg.ShapeError, match=r"cat: shapes \(2, 3\) and \(2, 4\)"):
+        tg.cat([Tensor(np.zeros((2, 3))), Tensor(np.zeros((2, 4)))], dim=0)
+    with pytest.raises(tg.ShapeError, match="stack"):
+        tg.stack([Tensor(np.zeros(2)), Tensor(np.zeros(3))])
+    with pytest.raises(tg.ShapeError, match="expand"):
+        Tensor(np.zeros((2, 3))).expand(4, 3)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: x.sum(axis=2), lambda x: x.mean(axis=-3), lambda x: x.max(axis=5),
+    lambda x: x.softmax(dim=2), lambda x: x.unsqueeze(4), lambda x: x.swapaxes(0, 2),
+    lambda x: tg.cat([x, x], dim=2), lambda x: tg.stack([x, x], dim=-4),
+])
+def test_out_of_range_axes_name_axis_and_ndim(call):
+    with pytest.raises(IndexError, match=r"axis -?\d+ is out of range for a tensor with ndim 2"):
+        call(Tensor(np.zeros((2, 3))))
+
+
+def test_index_out_of_range_names_shape():
+    with pytest.raises(IndexError, match=r"getitem: .*shape \(3,\)"):
+        Tensor(np.zeros(3))[5]
+
+
+def test_where_needs_boolean_condition():
+    with pytest.raises(TypeError, match="where"):
+        tg.where(Tensor([1.0]), Tensor([1.0]), Tensor([2.0]))
+    with pytest.raises(TypeError, match="masked_fill"):
+        Tensor([1.0]).masked_fill(Tensor([1.0]), 0.0)
+    with pytest.raises(ValueError, match="masked_fill"):
+        Tensor([1.0]).masked_fill(Tensor(np.ones((2, 2), dtype=bool)), 0.0)

@@ -1,0 +1,28 @@
+"""tinygrad_attn: a small deep-learning framework on numpy, built to train and
+to explain Transformers on a CPU.
+
+    import tinygrad_attn as tg
+    x = tg.tensor([[1.0, 2.0]], requires_grad=True)
+    (x * x).sum().backward()
+    x.grad  # tensor([[2., 4.]])
+"""
+from . import functional, ops  # noqa: F401
+from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
+                       is_grad_enabled, no_grad, set_grad_enabled)
+from .gradcheck import GradcheckError, gradcheck
+from .random import get_generator, manual_seed
+from .shapes import ShapeError
+from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, full, int64,
+                     matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
+                     tensor, where, zeros, zeros_like)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Tensor", "tensor", "Function", "gradcheck", "GradcheckError", "grad", "no_grad",
+    "enable_grad", "set_grad_enabled", "is_grad_enabled", "detect_anomaly", "AnomalyError",
+    "manual_seed", "get_generator", "ShapeError", "functional",
+    "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
+    "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
+    "float32", "float64", "int64", "bool_",
+]

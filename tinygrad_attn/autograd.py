@@ -1,0 +1,332 @@
+"""The autograd engine: `Function`, its `Context`, grad mode, and backward.
+
+Every op in tinygrad_attn is a `Function` subclass. Calling `MyOp.apply(x, y,
+alpha=2.0)` runs `MyOp.forward(ctx, x.data, y.data, alpha=2.0)` on numpy
+arrays and, when any input requires grad, records `ctx` on the output tensor.
+`Tensor.backward()` then walks the recorded graph in reverse topological
+order, calling each op's `backward(ctx, grad_output)`.
+
+The engine, not the op, takes care of three chores so op authors never have
+to: summing gradients of broadcast inputs back to the input's shape
+(`shapes.unbroadcast`), accumulating the gradient of a tensor used several
+times, and freeing saved arrays once a backward pass is done.
+"""
+import contextlib
+import functools
+
+import numpy as np
+
+from .shapes import unbroadcast
+
+# ---------------------------------------------------------------- grad mode
+
+_grad_enabled = True
+_anomaly_enabled = False
+
+
+def is_grad_enabled():
+    return _grad_enabled
+
+
+class set_grad_enabled:
+    """Turn graph recording on or off: a context manager and a decorator."""
+
+    def __init__(self, mode=True):
+        self.mode = bool(mode)
+        self.prev = []
+
+    def __enter__(self):
+        global _grad_enabled
+        self.prev.append(_grad_enabled)
+        _grad_enabled = self.mode
+        return self
+
+    def __exit__(self, *exc):
+        global _grad_enabled
+        _grad_enabled = self.prev.pop()
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self.__class__(self.mode):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class no_grad(set_grad_enabled):
+    """Record no graph inside (`with no_grad():` or `@no_grad()`)."""
+
+    def __init__(self):
+        super().__init__(False)
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with no_grad():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class enable_grad(set_grad_enabled):
+    """Record the graph again inside a `no_grad` region."""
+
+    def __init__(self):
+        super().__init__(True)
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with enable_grad():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class AnomalyError(FloatingPointError):
+    """A NaN or Inf appeared in an op's forward output or backward gradient."""
+
+
+@contextlib.contextmanager
+def detect_anomaly():
+    """Check every op's output and gradients for NaN/Inf while inside.
+
+    Raises `AnomalyError` naming the first op that produced a non-finite
+    value, in forward or in backward. Slow: for debugging only.
+    """
+    global _anomaly_enabled
+    prev, _anomaly_enabled = _anomaly_enabled, True
+    try:
+        yield
+    finally:
+        _anomaly_enabled = prev
+
+
+def _check_finite(array, what):
+    if array is not None and array.dtype.kind == "f" and not np.isfinite(array).all():
+        kind = "NaN" if np.isnan(array).any() else "Inf"
+        raise AnomalyError(f"{what} produced {kind} (shape {array.shape})")
+
+
+# ------------------------------------------------------- Function and Context
+
+class Context:
+    """What an op remembers between its forward and its backward.
+
+    `save_for_backward(*arrays)` keeps arrays for backward; any other
+    attribute (`ctx.axis = 1`) can be set too. `needs_input_grad[i]` tells
+    backward whether input i wants a gradient, so it can skip work.
+    """
+
+    __slots__ = ("fn", "parents", "needs_input_grad", "_saved", "_freed", "__dict__")
+
+    def __init__(self, fn, parents):
+        self.fn = fn
+        self.parents = parents
+        self.needs_input_grad = tuple(p.requires_grad for p in parents)
+        self._saved = ()
+        self._freed = False
+
+    def save_for_backward(self, *arrays):
+        self._saved = arrays
+
+    @property
+    def saved_tensors(self):
+        if self._freed:
+            raise RuntimeError(
+                f"{self.fn.__name__}: trying to backward through the graph a second time; its saved "
+                "arrays were freed after the first backward. Pass retain_graph=True to the first "
+                "backward() if you need to call it twice.")
+        return self._saved
+
+    def release(self):
+        """Free what the graph holds after backward: saved arrays, other
+        attributes, and the input tensors (whose data would otherwise live on)."""
+        self._saved = ()
+        self.__dict__.clear()
+        self.parents = ()
+        self._freed = True
+
+
+class Function:
+    """Base class of every differentiable op.
+
+    Subclasses define two static methods, working on numpy arrays:
+
+    - `forward(ctx, *inputs, **params)` returns the output array;
+    - `backward(ctx, grad_output)` returns one gradient per input (a tuple,
+      or a single array for one input), `None` where no gradient is needed.
+
+    Rules: backward must not modify `grad_output` in place, and may return a
+    gradient of the broadcast shape (the engine sums it back to the input's
+    shape). Call the op with `MyOp.apply(*tensors, **params)`.
+
+    Public subclasses defined inside `tinygrad_attn.ops` are recorded in
+    `Function.registry`; the test suite checks each has a gradient check.
+    """
+
+    registry = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("tinygrad_attn.ops") and not cls.__name__.startswith("_"):
+            Function.registry[cls.__name__] = cls
+
+    @staticmethod
+    def forward(ctx, *inputs, **params):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs, **params):
+        """Run the op on Tensors (Python scalars and arrays become constants)."""
+        return cls.apply_with_ctx(*inputs, **params)[0]
+
+    @classmethod
+    def apply_with_ctx(cls, *inputs, **params):
+        """Like `apply`, but also return the `Context` (ops that expose extra
+        results, such as attention weights, keep them on it)."""
+        from .tensor import Tensor, as_tensor_like
+        ref = next((x for x in inputs if isinstance(x, Tensor)), None)
+        parents = tuple(x if isinstance(x, Tensor) else as_tensor_like(x, ref) for x in inputs)
+        ctx = Context(cls, parents)
+        data = cls.forward(ctx, *[p.data for p in parents], **params)
+        if _anomaly_enabled:
+            _check_finite(data, f"{cls.__name__} (forward)")
+        requires_grad = _grad_enabled and any(ctx.needs_input_grad)
+        out = Tensor._make(data, requires_grad, ctx if requires_grad else None)
+        return out, ctx
+
+
+# ------------------------------------------------------------------ backward
+
+def _topological_order(roots):
+    """Tensors reachable from `roots` that require grad, inputs before outputs.
+
+    An explicit stack instead of recursion: a chain of 100k ops is fine.
+    """
+    order, visited = [], set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for parent in node._ctx.parents:
+                if parent.requires_grad and id(parent) not in visited:
+                    stack.append((parent, False))
+    return order
+
+
+def _accumulate(grads, key, g):
+    prev = grads.get(key)
+    # Never add in place: `g` may be an array another op also holds.
+    grads[key] = g if prev is None else prev + g
+
+
+def run_backward(roots, root_grads, retain_graph=False, capture=None):
+    """Backpropagate `root_grads` from `roots` through the recorded graph.
+
+    With `capture` (a list of tensors) the gradients of those tensors are
+    returned and no `.grad` is touched (that is `tinygrad_attn.grad`);
+    otherwise gradients accumulate into the `.grad` of leaves and of tensors
+    that called `retain_grad()`, as `Tensor.backward` does.
+    """
+    from .tensor import Tensor
+    grads = {}
+    for r, g in zip(roots, root_grads):
+        _accumulate(grads, id(r), g)
+    captured = {id(t): None for t in capture} if capture is not None else None
+
+    for node in reversed(_topological_order(roots)):
+        g = grads.pop(id(node), None)
+        if g is None:
+            continue
+        for hook in node._hooks or ():
+            new = hook(Tensor._make(g, False, None))
+            if new is not None:
+                g = new.data if isinstance(new, Tensor) else np.asarray(new, dtype=g.dtype)
+        if captured is not None:
+            if id(node) in captured:
+                captured[id(node)] = g
+        elif node._ctx is None or node._retains_grad:
+            if node.grad is None:
+                node.grad = Tensor._make(np.array(g, dtype=node.dtype, copy=True), False, None)
+            else:
+                node.grad.data += g
+
+        ctx = node._ctx
+        if ctx is None:
+            continue
+        ctx.saved_tensors  # raises a clear error if this graph was already freed
+        in_grads = ctx.fn.backward(ctx, g)
+        if not isinstance(in_grads, tuple):
+            in_grads = (in_grads,)
+        if len(in_grads) != len(ctx.parents):
+            raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(in_grads)} gradients "
+                               f"for {len(ctx.parents)} inputs")
+        for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
+            if not needs or pg is None:
+                continue
+            pg = np.asarray(pg)
+            if pg.shape != parent.shape:
+                pg = unbroadcast(pg, parent.shape)
+            if pg.dtype != parent.dtype:
+                pg = pg.astype(parent.dtype)
+            if _anomaly_enabled:
+                _check_finite(pg, f"{ctx.fn.__name__} (backward)")
+            _accumulate(grads, id(parent), pg)
+        if not retain_graph:
+            ctx.release()
+
+    if captured is not None:
+        return [captured[id(t)] for t in capture]
+    return None
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=False):
+    """Gradients of `outputs` with respect to `inputs`, as a list of Tensors.
+
+    Like `torch.autograd.grad`: nothing is accumulated into `.grad`. Inputs
+    that the outputs do not depend on give `None` when `allow_unused=True`
+    and an error otherwise.
+    """
+    from .tensor import Tensor
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif isinstance(grad_outputs, Tensor):
+        grad_outputs = [grad_outputs]
+    root_grads = [_root_grad(o, g, "grad") for o, g in zip(outputs, grad_outputs)]
+    found = run_backward(outputs, root_grads, retain_graph, capture=inputs)
+    result = []
+    for t, g in zip(inputs, found):
+        if g is None and not allow_unused:
+            raise RuntimeError("grad: one of the inputs was not used to compute the outputs "
+                               "(pass allow_unused=True to get None for it)")
+        result.append(None if g is None else Tensor._make(np.array(g, dtype=t.dtype), False, None))
+    return result
+
+
+def _root_grad(tensor, gradient, op):
+    """The starting gradient for a backward pass from `tensor`."""
+    if not tensor.requires_grad:
+        raise RuntimeError(f"{op}: the tensor does not require grad and has no graph "
+                           "(was it computed under no_grad(), or from inputs without requires_grad?)")
+    if gradient is None:
+        if tensor.size != 1:
+            raise RuntimeError(f"{op}: backward() without a gradient needs a tensor with one element, "
+                               f"got shape {tensor.shape}; pass gradient= of that shape")
+        return np.ones(tensor.shape, dtype=tensor.dtype)
+    g = gradient.data if hasattr(gradient, "_ctx") else np.asarray(gradient)
+    if g.shape != tensor.shape:
+        raise RuntimeError(f"{op}: gradient has shape {g.shape} but the tensor has shape {tensor.shape}")
+    return g.astype(tensor.dtype, copy=False)

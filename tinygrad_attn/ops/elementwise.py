@@ -1,0 +1,370 @@
+"""Elementwise ops: arithmetic, activations, selection.
+
+Each op's backward multiplies the incoming gradient by the local derivative.
+Binary ops follow numpy broadcasting; their backward returns gradients of the
+broadcast shape and the engine sums them back to each input's shape.
+"""
+import math
+
+import numpy as np
+from scipy.special import erf
+
+from ..autograd import Function
+from ..shapes import broadcast_shapes
+
+
+def _check_broadcast(op, a, b):
+    if a.shape != b.shape:
+        broadcast_shapes(op, a.shape, b.shape)
+
+
+# ----------------------------------------------------------------- arithmetic
+
+class Add(Function):
+    """z = x + y.   dz/dx = 1, dz/dy = 1."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("add", x, y)
+        return x + y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad
+
+
+class Sub(Function):
+    """z = x - y.   dz/dx = 1, dz/dy = -1."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("sub", x, y)
+        return x - y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, (-grad if ctx.needs_input_grad[1] else None)
+
+
+class Mul(Function):
+    """z = x * y.   dz/dx = y, dz/dy = x."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("mul", x, y)
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        return (grad * y if ctx.needs_input_grad[0] else None,
+                grad * x if ctx.needs_input_grad[1] else None)
+
+
+class Div(Function):
+    """z = x / y.   dz/dx = 1 / y, dz/dy = -x / y^2 = -z / y."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("div", x, y)
+        z = x / y
+        ctx.save_for_backward(y, z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, z = ctx.saved_tensors
+        gx = grad / y
+        return gx, (-gx * z if ctx.needs_input_grad[1] else None)
+
+
+class Pow(Function):
+    """z = x ** y.   dz/dx = y * x^(y-1), dz/dy = x^y * ln(x).
+
+    The exponent's gradient is only computed when the exponent requires grad
+    (it is NaN for negative bases, as in PyTorch).
+    """
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("pow", x, y)
+        z = np.power(x, y)
+        ctx.save_for_backward(x, y, z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, z = ctx.saved_tensors
+        gx = grad * y * np.power(x, y - 1) if ctx.needs_input_grad[0] else None
+        gy = None
+        if ctx.needs_input_grad[1]:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                gy = grad * z * np.log(x)
+        return gx, gy
+
+
+class Neg(Function):
+    """z = -x.   dz/dx = -1."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return -x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+class Cast(Function):
+    """z = x converted to `dtype`.   dz/dx = 1 (the gradient is cast back)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.in_dtype = x.dtype
+        return x.astype(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.astype(ctx.in_dtype)
+
+
+# ------------------------------------------------------------ unary functions
+
+class Exp(Function):
+    """z = e^x.   dz/dx = e^x = z."""
+
+    @staticmethod
+    def forward(ctx, x):
+        z = np.exp(x)
+        ctx.save_for_backward(z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, = ctx.saved_tensors
+        return grad * z
+
+
+class Log(Function):
+    """z = ln(x).   dz/dx = 1 / x."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.log(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return grad / x
+
+
+class Sqrt(Function):
+    """z = sqrt(x).   dz/dx = 1 / (2 sqrt(x)) = 1 / (2 z)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        z = np.sqrt(x)
+        ctx.save_for_backward(z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, = ctx.saved_tensors
+        return grad / (2 * z)
+
+
+class Tanh(Function):
+    """z = tanh(x).   dz/dx = 1 - z^2."""
+
+    @staticmethod
+    def forward(ctx, x):
+        z = np.tanh(x)
+        ctx.save_for_backward(z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, = ctx.saved_tensors
+        return grad * (1 - z * z)
+
+
+class Sigmoid(Function):
+    """z = 1 / (1 + e^-x).   dz/dx = z (1 - z)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        # 0.5 * (1 + tanh(x / 2)) is the same function and never overflows.
+        z = 0.5 * (1 + np.tanh(0.5 * x))
+        ctx.save_for_backward(z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, = ctx.saved_tensors
+        return grad * z * (1 - z)
+
+
+class Relu(Function):
+    """z = max(x, 0).   dz/dx = 1 where x > 0, else 0."""
+
+    @staticmethod
+    def forward(ctx, x):
+        z = np.maximum(x, 0)
+        ctx.save_for_backward(z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, = ctx.saved_tensors
+        return grad * (z > 0)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_INV_SQRT_2 = 1 / math.sqrt(2)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+
+
+class Gelu(Function):
+    """Gaussian error linear unit, z = x * Phi(x).
+
+    approximate="none":  Phi(x) = (1 + erf(x / sqrt 2)) / 2,
+        dz/dx = Phi(x) + x * phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+    approximate="tanh":  z = x/2 (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3),
+        dz/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+    """
+
+    @staticmethod
+    def forward(ctx, x, approximate="none"):
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+        if approximate == "tanh":
+            return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+        if approximate != "none":
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return (0.5 * x * (1 + erf(x * _INV_SQRT_2))).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        if ctx.approximate == "tanh":
+            t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+            local = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        else:
+            cdf = 0.5 * (1 + erf(x * _INV_SQRT_2))
+            local = cdf + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x)
+        return grad * local
+
+
+class Abs(Function):
+    """z = |x|.   dz/dx = sign(x) (0 at x = 0, as in PyTorch)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.abs(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return grad * np.sign(x)
+
+
+class Clip(Function):
+    """z = min(max(x, lo), hi).   dz/dx = 1 where lo <= x <= hi, else 0."""
+
+    @staticmethod
+    def forward(ctx, x, min=None, max=None):
+        if min is None and max is None:
+            raise ValueError("clip: at least one of min and max must be given")
+        ctx.save_for_backward(x)
+        ctx.bounds = (min, max)
+        return np.clip(x, min, max)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        inside = np.ones(x.shape, dtype=bool)
+        if lo is not None:
+            inside &= x >= lo
+        if hi is not None:
+            inside &= x <= hi
+        return grad * inside
+
+
+# ------------------------------------------------------------------ selection
+
+class Maximum(Function):
+    """z = max(x, y) elementwise.   The gradient goes to the larger input;
+    on ties it is split evenly between the two (as PyTorch does)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("maximum", x, y)
+        ctx.save_for_backward(x, y)
+        return np.maximum(x, y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        share_x = (x > y) + 0.5 * (x == y)
+        return grad * share_x, grad * (1 - share_x)
+
+
+class Minimum(Function):
+    """z = min(x, y) elementwise.   The gradient goes to the smaller input;
+    on ties it is split evenly."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        _check_broadcast("minimum", x, y)
+        ctx.save_for_backward(x, y)
+        return np.minimum(x, y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        share_x = (x < y) + 0.5 * (x == y)
+        return grad * share_x, grad * (1 - share_x)
+
+
+class Where(Function):
+    """z = x where cond else y.   dz/dx = cond, dz/dy = not cond; cond gets none."""
+
+    @staticmethod
+    def forward(ctx, cond, x, y):
+        if cond.dtype != np.bool_:
+            raise TypeError(f"where: the condition must be a boolean tensor, got {cond.dtype}")
+        broadcast_shapes("where", cond.shape, x.shape, y.shape)
+        ctx.save_for_backward(cond)
+        return np.where(cond, x, y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cond, = ctx.saved_tensors
+        zero = np.zeros((), dtype=grad.dtype)
+        return None, np.where(cond, grad, zero), np.where(cond, zero, grad)
+
+
+class MaskedFill(Function):
+    """z = value where mask else x.   dz/dx = 0 where mask, else 1.
+
+    The mask must broadcast to x's shape without changing it.
+    """
+
+    @staticmethod
+    def forward(ctx, x, mask, value=0.0):
+        if mask.dtype != np.bool_:
+            raise TypeError(f"masked_fill: the mask must be a boolean tensor, got {mask.dtype}")
+        if broadcast_shapes("masked_fill", x.shape, mask.shape) != x.shape:
+            raise ValueError(f"masked_fill: mask of shape {mask.shape} would broadcast the input "
+                             f"of shape {x.shape} to a larger shape")
+        ctx.save_for_backward(mask)
+        return np.where(mask, np.asarray(value, dtype=x.dtype), x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        mask, = ctx.saved_tensors
+        return np.where(mask, np.zeros((), dtype=grad.dtype), grad), None

@@ -1,0 +1,164 @@
+"""Movement ops: they move, copy or select elements without arithmetic.
+
+Their backward moves the gradient back to where each element came from:
+the inverse reshape or permutation, a sum over broadcast copies, or a
+scatter-add for indexing (so an element picked twice gets both gradients).
+"""
+import numpy as np
+
+from ..autograd import Function
+from ..shapes import ShapeError, normalize_axis, normalize_new_axis, unbroadcast
+
+
+class Reshape(Function):
+    """z = x viewed with a new shape (same elements, same order).   dz/dx: reshape back."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.in_shape = x.shape
+        try:
+            return x.reshape(shape)
+        except ValueError:
+            raise ShapeError(f"reshape: cannot reshape a tensor of shape {x.shape} "
+                             f"({x.size} elements) into shape {tuple(shape)}") from None
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.reshape(ctx.in_shape)
+
+
+class Permute(Function):
+    """z = x with its axes reordered: z.shape[i] = x.shape[axes[i]].
+    dz/dx: apply the inverse permutation to the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, axes):
+        axes = tuple(normalize_axis(a, x.ndim, "permute") for a in axes)
+        if sorted(axes) != list(range(x.ndim)):
+            raise ShapeError(f"permute: axes {axes} are not a permutation of the "
+                             f"{x.ndim} axes of a tensor of shape {x.shape}")
+        ctx.inverse = tuple(np.argsort(axes))
+        return x.transpose(axes)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.transpose(ctx.inverse)
+
+
+class Expand(Function):
+    """z = x broadcast to `shape` (a view; size-1 axes repeat, new axes lead).
+    dz/dx: sum the gradient over the copies, by the same `unbroadcast` helper
+    the engine uses for every broadcasting op."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        shape = tuple(shape)
+        lead = len(shape) - x.ndim
+        if lead < 0:
+            raise ShapeError(f"expand: cannot expand a tensor of shape {x.shape} to fewer "
+                             f"dimensions {shape}")
+        # -1 keeps the input's size on that axis, as in PyTorch.
+        shape = tuple(x.shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(shape))
+        try:
+            z = np.broadcast_to(x, shape)
+        except ValueError:
+            raise ShapeError(f"expand: cannot expand a tensor of shape {x.shape} to shape {shape}") from None
+        ctx.in_shape = x.shape
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        return unbroadcast(grad, ctx.in_shape)
+
+
+def _normalize_index(index):
+    """Turn Tensors and lists inside an index into numpy arrays and boolean
+    masks into the integer arrays they select, so that forward and backward
+    index the same elements."""
+    from ..tensor import Tensor
+    items = index if isinstance(index, tuple) else (index,)
+    out, advanced = [], False
+    for item in items:
+        if isinstance(item, Tensor):
+            item = item.data
+        elif isinstance(item, list):
+            item = np.asarray(item)
+        if isinstance(item, np.ndarray):
+            if item.dtype == np.bool_:
+                out.extend(item.nonzero())
+            elif item.dtype.kind in "iu":
+                out.append(item)
+            else:
+                raise IndexError(f"getitem: index arrays must be integer or boolean, got {item.dtype}")
+            advanced = True
+        else:
+            out.append(item)
+    return tuple(out), advanced
+
+
+class GetItem(Function):
+    """z = x[index] with ints, slices, None, Ellipsis, integer or boolean arrays.
+
+    dz/dx: a zero tensor of x's shape with the gradient scatter-added at the
+    selected positions; np.add.at accumulates repeated indices, so
+    x[[0, 0]] sends two gradients to x[0].
+    """
+
+    @staticmethod
+    def forward(ctx, x, index):
+        index, advanced = _normalize_index(index)
+        ctx.in_shape, ctx.index, ctx.advanced = x.shape, index, advanced
+        try:
+            return np.asarray(x[index])
+        except IndexError as e:
+            raise IndexError(f"getitem: {e} (tensor of shape {x.shape})") from None
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = np.zeros(ctx.in_shape, dtype=grad.dtype)
+        if ctx.advanced:
+            np.add.at(out, ctx.index, grad)
+        else:
+            out[ctx.index] = grad  # basic indexing picks each element at most once
+        return out
+
+
+class Cat(Function):
+    """z = the inputs joined along `axis`.   dz/dx_k: the k-th slice of the gradient."""
+
+    @staticmethod
+    def forward(ctx, *xs, axis=0):
+        if not xs:
+            raise ValueError("cat: expected at least one tensor")
+        first = xs[0]
+        axis = normalize_axis(axis, first.ndim, "cat")
+        for x in xs[1:]:
+            if x.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, first.shape))
+                                           if i != axis):
+                raise ShapeError(f"cat: shapes {first.shape} and {x.shape} differ outside axis {axis}")
+        ctx.axis = axis
+        ctx.offsets = np.cumsum([x.shape[axis] for x in xs])[:-1]
+        return np.concatenate(xs, axis=axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(np.split(grad, ctx.offsets, axis=ctx.axis))
+
+
+class Stack(Function):
+    """z = the inputs stacked along a new axis.   dz/dx_k = the gradient at index k of that axis."""
+
+    @staticmethod
+    def forward(ctx, *xs, axis=0):
+        if not xs:
+            raise ValueError("stack: expected at least one tensor")
+        for x in xs[1:]:
+            if x.shape != xs[0].shape:
+                raise ShapeError(f"stack: all tensors need the same shape, got {xs[0].shape} and {x.shape}")
+        axis = normalize_new_axis(axis, xs[0].ndim, "stack")
+        ctx.axis = axis
+        return np.stack(xs, axis=axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(np.moveaxis(grad, ctx.axis, 0))

@@ -1,0 +1,623 @@
+"""`Tensor`: a numpy array plus what autograd needs.
+
+The class is thin on purpose: every method that computes something calls an
+op in `tinygrad_attn/ops/`, where forward and backward live side by side.
+"""
+import numpy as np
+
+from .autograd import run_backward, _root_grad
+from .ops import elementwise as E
+from .ops import movement as M
+from .ops import reduce as R
+from .ops.matmul import MatMul
+from .shapes import ShapeError, normalize_axes, normalize_axis, normalize_new_axis
+
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+int64 = np.dtype(np.int64)
+bool_ = np.dtype(np.bool_)
+
+_DTYPE_NAMES = {"float32": float32, "float": float32, "float64": float64, "double": float64,
+                "int64": int64, "long": int64, "int": int64, "bool": bool_}
+
+
+def _canonical_dtype(dtype):
+    """Map a user's dtype (np.float32, "float64", ...) to one we support."""
+    if isinstance(dtype, str) and dtype in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"Tensor: unsupported dtype {dtype!r}") from None
+    if dt in (float32, float64, int64, bool_):
+        return dt
+    if dt.kind in "iu":
+        return int64
+    if dt == np.float16:
+        return float32
+    raise TypeError(f"Tensor: unsupported dtype {dt} (use float32, float64, int64 or bool)")
+
+
+def _to_array(data, dtype):
+    """Convert user data to an array of a supported dtype.
+
+    numpy arrays keep their dtype (float64 stays float64, as in PyTorch);
+    Python floats and lists of floats become float32, Python ints int64.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    if dtype is not None:
+        dtype = _canonical_dtype(dtype)
+    if isinstance(data, np.ndarray):
+        arr = data
+    else:
+        if isinstance(data, (str, bytes)):
+            raise TypeError(f"Tensor: cannot make a tensor from a {type(data).__name__}")
+        try:
+            arr = np.asarray(data)
+        except ValueError as e:
+            raise ValueError(f"Tensor: cannot make a tensor from this data: {e}") from None
+        if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
+            dtype = float32  # Python floats default to float32
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "
+                        "(tensors hold floats, integers or booleans)")
+    target = dtype if dtype is not None else _canonical_dtype(arr.dtype)
+    return arr if arr.dtype == target else arr.astype(target)
+
+
+def as_tensor_like(x, ref):
+    """Wrap a Python scalar or array as a constant matching `ref`'s float dtype."""
+    if isinstance(x, Tensor):
+        return x
+    if ref is not None and ref.dtype.kind == "f" and isinstance(x, (int, float, np.number)):
+        return Tensor._make(np.asarray(x, dtype=ref.dtype), False, None)
+    return Tensor(x)
+
+
+def _reduce_args(axis, keepdims, torch_names, op):
+    """Accept PyTorch's `dim=` / `keepdim=` spellings as well as numpy's."""
+    dim = torch_names.pop("dim", None)
+    keepdim = torch_names.pop("keepdim", None)
+    if torch_names:
+        raise TypeError(f"{op}: unexpected keyword arguments {sorted(torch_names)}")
+    if dim is not None:
+        axis = dim
+    if keepdim is not None:
+        keepdims = keepdim
+    return axis, bool(keepdims)
+
+
+class Tensor:
+    """An n-dimensional array that records the ops applied to it.
+
+    `Tensor(data, dtype=None, requires_grad=False)` accepts numpy arrays,
+    nested lists and Python scalars. When `requires_grad` is set, ops on it
+    build a graph that `backward()` walks to fill in `.grad`.
+    `.data` is the underlying numpy array.
+    """
+
+    __slots__ = ("data", "grad", "_requires_grad", "_ctx", "_retains_grad", "_hooks", "name",
+                 "__weakref__")
+    __array_ufunc__ = None  # numpy defers to our reflected operators: array + tensor -> Tensor
+
+    def __init__(self, data, dtype=None, requires_grad=False):
+        self.data = _to_array(data, dtype)
+        self.grad = None
+        self._ctx = None
+        self._retains_grad = False
+        self._hooks = None
+        self.name = None
+        self._requires_grad = False
+        self.requires_grad = requires_grad
+
+    @classmethod
+    def _make(cls, data, requires_grad, ctx):
+        """Fast constructor for op outputs: `data` is already a valid array."""
+        t = object.__new__(cls)
+        t.data = data
+        t.grad = None
+        t._requires_grad = requires_grad
+        t._ctx = ctx
+        t._retains_grad = False
+        t._hooks = None
+        t.name = None
+        return t
+
+    # ------------------------------------------------------------ properties
+    @property
+    def requires_grad(self):
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        if value and self.data.dtype.kind != "f":
+            raise RuntimeError(f"only floating point tensors can require gradients, got dtype {self.dtype}")
+        if not value and self._ctx is not None:
+            raise RuntimeError("requires_grad can only be turned off on leaf tensors; use detach()")
+        self._requires_grad = bool(value)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def size(self):
+        return self.data.size
+
+    @property
+    def is_leaf(self):
+        return self._ctx is None
+
+    @property
+    def grad_fn(self):
+        """Name of the op that made this tensor (None for leaves)."""
+        return None if self._ctx is None else self._ctx.fn.__name__
+
+    @property
+    def T(self):
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def numpy(self):
+        """The underlying array (shared, not copied)."""
+        return self.data
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data if dtype is None else self.data.astype(dtype)
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError(f"item: only a tensor with one element can be converted to a "
+                             f"Python scalar, got shape {self.shape}")
+        return self.data.item()
+
+    def tolist(self):
+        return self.data.tolist()
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self):
+        if self.size != 1:
+            raise ValueError(f"the truth value of a tensor with {self.size} elements is ambiguous")
+        return bool(self.data)
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __repr__(self):
+        body = np.array2string(self.data, separator=", ", prefix="tensor(", precision=4)
+        extras = []
+        if self.dtype != float32:
+            extras.append(f"dtype={self.dtype}")
+        if self._ctx is not None:
+            extras.append(f"grad_fn=<{self._ctx.fn.__name__}>")
+        elif self.requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    __hash__ = object.__hash__
+
+    # ------------------------------------------------------------- autograd
+    def backward(self, gradient=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into the `.grad` of every leaf that requires grad.
+
+        A tensor with one element needs no `gradient`; any other tensor needs
+        one of its shape (the vector in the vector-Jacobian product).
+        """
+        run_backward([self], [_root_grad(self, gradient, "backward")], retain_graph)
+
+    def detach(self):
+        """The same data, cut from the graph."""
+        return Tensor._make(self.data, False, None)
+
+    def requires_grad_(self, requires_grad=True):
+        self.requires_grad = requires_grad
+        return self
+
+    def retain_grad(self):
+        """Keep `.grad` on this non-leaf tensor after backward."""
+        if not self.requires_grad:
+            raise RuntimeError("retain_grad: this tensor does not require grad")
+        self._retains_grad = True
+
+    def register_hook(self, hook):
+        """Call `hook(grad)` when this tensor's gradient is computed; a
+        returned tensor replaces the gradient. Returns a handle with `.remove()`."""
+        if not self.requires_grad:
+            raise RuntimeError("register_hook: cannot register a hook on a tensor that does not require grad")
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+        hooks = self._hooks
+
+        class _Handle:
+            @staticmethod
+            def remove():
+                if hook in hooks:
+                    hooks.remove(hook)
+        return _Handle()
+
+    # ------------------------------------------------------------ conversion
+    def to(self, dtype):
+        """A copy of dtype `dtype` (gradients flow back through float casts)."""
+        dtype = _canonical_dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        if dtype.kind == "f" and self.dtype.kind == "f":
+            return E.Cast.apply(self, dtype=dtype)
+        return Tensor._make(self.data.astype(dtype), False, None)
+
+    astype = to
+
+    def float(self):
+        return self.to(float32)
+
+    def double(self):
+        return self.to(float64)
+
+    def long(self):
+        return self.to(int64)
+
+    # ------------------------------------------------------------ arithmetic
+    def __add__(self, other):
+        return E.Add.apply(self, other)
+
+    def __radd__(self, other):
+        return E.Add.apply(other, self)
+
+    def __sub__(self, other):
+        return E.Sub.apply(self, other)
+
+    def __rsub__(self, other):
+        return E.Sub.apply(as_tensor_like(other, self), self)
+
+    def __mul__(self, other):
+        return E.Mul.apply(self, other)
+
+    def __rmul__(self, other):
+        return E.Mul.apply(other, self)
+
+    def __truediv__(self, other):
+        return E.Div.apply(self, other)
+
+    def __rtruediv__(self, other):
+        return E.Div.apply(as_tensor_like(other, self), self)
+
+    def __pow__(self, other):
+        return E.Pow.apply(self, other)
+
+    def __rpow__(self, other):
+        return E.Pow.apply(as_tensor_like(other, self), self)
+
+    def __matmul__(self, other):
+        return MatMul.apply(self, other)
+
+    def __rmatmul__(self, other):
+        return MatMul.apply(other, self)
+
+    def __neg__(self):
+        return E.Neg.apply(self)
+
+    def __getitem__(self, index):
+        return M.GetItem.apply(self, index=index)
+
+    add, sub, mul, div, pow, matmul, neg = __add__, __sub__, __mul__, __truediv__, __pow__, __matmul__, __neg__
+
+    # Comparisons give boolean tensors that carry no gradient.
+    def _compare(self, other, fn):
+        other = other.data if isinstance(other, Tensor) else other
+        return Tensor._make(np.asarray(fn(self.data, other)), False, None)
+
+    def __lt__(self, other):
+        return self._compare(other, np.less)
+
+    def __le__(self, other):
+        return self._compare(other, np.less_equal)
+
+    def __gt__(self, other):
+        return self._compare(other, np.greater)
+
+    def __ge__(self, other):
+        return self._compare(other, np.greater_equal)
+
+    def __eq__(self, other):
+        return self._compare(other, np.equal)
+
+    def __ne__(self, other):
+        return self._compare(other, np.not_equal)
+
+    def __invert__(self):
+        if self.dtype != bool_:
+            raise TypeError(f"~ is only defined for boolean tensors, got {self.dtype}")
+        return Tensor._make(~self.data, False, None)
+
+    def __and__(self, other):
+        return self._compare(other, np.logical_and)
+
+    def __or__(self, other):
+        return self._compare(other, np.logical_or)
+
+    # --------------------------------------------------------- unary functions
+    def exp(self):
+        return E.Exp.apply(self)
+
+    def log(self):
+        return E.Log.apply(self)
+
+    def sqrt(self):
+        return E.Sqrt.apply(self)
+
+    def tanh(self):
+        return E.Tanh.apply(self)
+
+    def sigmoid(self):
+        return E.Sigmoid.apply(self)
+
+    def relu(self):
+        return E.Relu.apply(self)
+
+    def gelu(self, approximate="none"):
+        return E.Gelu.apply(self, approximate=approximate)
+
+    def abs(self):
+        return E.Abs.apply(self)
+
+    def clip(self, min=None, max=None):
+        return E.Clip.apply(self, min=min, max=max)
+
+    clamp = clip
+
+    def maximum(self, other):
+        return E.Maximum.apply(self, other)
+
+    def minimum(self, other):
+        return E.Minimum.apply(self, other)
+
+    def masked_fill(self, mask, value):
+        """Replace the elements where `mask` is True by `value`."""
+        return E.MaskedFill.apply(self, mask, value=value)
+
+    def softmax(self, dim=-1):
+        from . import functional
+        return functional.softmax(self, dim)
+
+    def log_softmax(self, dim=-1):
+        from . import functional
+        return functional.log_softmax(self, dim)
+
+    # ------------------------------------------------------------ reductions
+    def sum(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "sum")
+        return R.Sum.apply(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "mean")
+        return R.Mean.apply(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "max")
+        return R.Max.apply(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "min")
+        return R.Min.apply(self, axis=axis, keepdims=keepdims)
+
+    def var(self, axis=None, keepdims=False, correction=1, **torch_names):
+        """Variance; correction=1 (default, as PyTorch) divides by N - 1, correction=0 by N."""
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "var")
+        return R.Var.apply(self, axis=axis, keepdims=keepdims, correction=correction)
+
+    def std(self, axis=None, keepdims=False, correction=1, **torch_names):
+        return self.var(axis, keepdims, correction, **torch_names).sqrt()
+
+    def logsumexp(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "logsumexp")
+        return R.LogSumExp.apply(self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "argmax")
+        if axis is not None:
+            axis = normalize_axis(axis, self.ndim, "argmax")
+        return Tensor(np.argmax(self.data, axis=axis, keepdims=keepdims))
+
+    def argmin(self, axis=None, keepdims=False, **torch_names):
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "argmin")
+        if axis is not None:
+            axis = normalize_axis(axis, self.ndim, "argmin")
+        return Tensor(np.argmin(self.data, axis=axis, keepdims=keepdims))
+
+    # -------------------------------------------------------------- movement
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if shape == self.shape:
+            return self
+        return M.Reshape.apply(self, shape=shape)
+
+    view = reshape
+
+    def permute(self, *axes):
+        axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        if len(axes) != self.ndim:
+            raise ShapeError(f"permute: got {len(axes)} axes for a tensor of shape {self.shape}")
+        return M.Permute.apply(self, axes=axes)
+
+    def transpose(self, *axes):
+        """Two axes swap them (PyTorch's transpose(dim0, dim1)); no axes reverse
+        all of them; a full permutation applies it (numpy's transpose)."""
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        if len(axes) == 0:
+            return self.T
+        if len(axes) == 2:
+            return self.swapaxes(*axes)
+        return self.permute(axes)
+
+    def swapaxes(self, axis0, axis1):
+        a = normalize_axis(axis0, self.ndim, "swapaxes")
+        b = normalize_axis(axis1, self.ndim, "swapaxes")
+        order = list(range(self.ndim))
+        order[a], order[b] = order[b], order[a]
+        return M.Permute.apply(self, axes=tuple(order))
+
+    def expand(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return M.Expand.apply(self, shape=shape)
+
+    def broadcast_to(self, shape):
+        return M.Expand.apply(self, shape=tuple(shape))
+
+    def squeeze(self, axis=None, **torch_names):
+        axis, _ = _reduce_args(axis, False, torch_names, "squeeze")
+        if axis is None:
+            axes = tuple(i for i, s in enumerate(self.shape) if s == 1)
+        else:
+            axes = normalize_axes(axis, self.ndim, "squeeze")
+            axes = tuple(a for a in axes if self.shape[a] == 1)  # like PyTorch: others stay
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def unsqueeze(self, axis=None, **torch_names):
+        axis, _ = _reduce_args(axis, False, torch_names, "unsqueeze")
+        axis = normalize_new_axis(axis, self.ndim, "unsqueeze")
+        return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        if self.ndim == 0:
+            return self.reshape(1)
+        start = normalize_axis(start_dim, self.ndim, "flatten")
+        end = normalize_axis(end_dim, self.ndim, "flatten")
+        if start > end:
+            raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+        merged = int(np.prod(self.shape[start:end + 1]))
+        return self.reshape(self.shape[:start] + (merged,) + self.shape[end + 1:])
+
+    def split(self, split_size_or_sections, dim=0):
+        """Split along `dim` into pieces of `split_size` (the last may be
+        smaller) or into the given list of sizes, as torch.split does."""
+        axis = normalize_axis(dim, self.ndim, "split")
+        n = self.shape[axis]
+        if isinstance(split_size_or_sections, int):
+            if split_size_or_sections <= 0:
+                raise ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
+            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)]
+        else:
+            sizes = list(split_size_or_sections)
+            if sum(sizes) != n:
+                raise ShapeError(f"split: sizes {sizes} do not add up to {n}, the size of axis "
+                                 f"{axis} of shape {self.shape}")
+        pieces, start = [], 0
+        lead = (slice(None),) * axis
+        for s in sizes:
+            pieces.append(self[lead + (slice(start, start + s),)])
+            start += s
+        return tuple(pieces)
+
+    def chunk(self, chunks, dim=0):
+        """Split into `chunks` pieces of equal size (the last may be smaller)."""
+        axis = normalize_axis(dim, self.ndim, "chunk")
+        size = -(-self.shape[axis] // chunks)
+        return self.split(max(size, 1), dim=axis)
+
+
+# ------------------------------------------------------------- free functions
+
+def tensor(data, dtype=None, requires_grad=False):
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def cat(tensors, dim=0):
+    """Join tensors along an existing axis."""
+    return M.Cat.apply(*tensors, axis=dim)
+
+
+concatenate = cat
+
+
+def stack(tensors, dim=0):
+    """Join tensors of the same shape along a new axis."""
+    return M.Stack.apply(*tensors, axis=dim)
+
+
+def where(condition, x, y):
+    """Elementwise `x if condition else y` (condition: a boolean tensor)."""
+    ref = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
+    return E.Where.apply(condition, as_tensor_like(x, ref), as_tensor_like(y, ref))
+
+
+def maximum(x, y):
+    return E.Maximum.apply(x, y)
+
+
+def minimum(x, y):
+    return E.Minimum.apply(x, y)
+
+
+def matmul(a, b):
+    return MatMul.apply(a, b)
+
+
+def _shape_args(shape):
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+
+
+def zeros(*shape, dtype=float32, requires_grad=False):
+    return Tensor(np.zeros(_shape_args(shape), dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+
+
+def ones(*shape, dtype=float32, requires_grad=False):
+    return Tensor(np.ones(_shape_args(shape), dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+
+
+def full(shape, fill_value, dtype=float32, requires_grad=False):
+    return Tensor(np.full(shape, fill_value, dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+
+
+def zeros_like(t, dtype=None, requires_grad=False):
+    return zeros(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+
+
+def ones_like(t, dtype=None, requires_grad=False):
+    return ones(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+
+
+def arange(start, stop=None, step=1, dtype=None):
+    if stop is None:
+        start, stop = 0, start
+    data = np.arange(start, stop, step)
+    return Tensor(data, dtype=dtype)
+
+
+def randn(*shape, dtype=float32, requires_grad=False):
+    """Standard normal samples from the generator seeded by `manual_seed`."""
+    from .random import get_generator
+    data = get_generator().standard_normal(_shape_args(shape)).astype(_canonical_dtype(dtype))
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def rand(*shape, dtype=float32, requires_grad=False):
+    """Uniform samples in [0, 1) from the generator seeded by `manual_seed`."""
+    from .random import get_generator
+    data = get_generator().random(_shape_args(shape)).astype(_canonical_dtype(dtype))
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def randint(low, high, size, dtype=int64):
+    from .random import get_generator
+    return Tensor(get_generator().integers(low, high, size=size), dtype=dtype)
+
