@@ -1,0 +1,31 @@
+"""Numba kernels for the heavy ops. They know only numpy arrays.
+
+Each kernel is a serial `@njit(nogil=True, cache=True)` function over a
+range of items (rows, matrices) given by its last two arguments, writing
+into arrays the caller allocated; `parallel_for` (threads.py) spreads the
+ranges over threads. The ops in `tinygrad_attn/ops/` check shapes,
+allocate and call them. Kernels take C-contiguous float32 or float64 arrays
+(one compiled version per dtype, cached on disk) and are deterministic: the
+same inputs give bit-identical outputs whatever the number of threads.
+
+    matmul         batched_matmul
+    softmax        softmax_forward, softmax_backward (and log-softmax)
+    layernorm      layer_norm_forward, layer_norm_backward
+    cross_entropy  cross_entropy_forward, cross_entropy_backward
+    attention      attention_forward, attention_backward
+    dropout        dropout_apply
+    mathx, blas    exp, uniform_bits, gemm: helpers compiled into the kernels
+"""
+import os
+
+from . import setup
+
+setup.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
+
+from .attention import attention_backward, attention_forward  # noqa: E402
+from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
+from .dropout import dropout_apply  # noqa: E402
+from .layernorm import layer_norm_backward, layer_norm_forward  # noqa: E402
+from .matmul import batched_matmul  # noqa: E402
+from .softmax import softmax_backward, softmax_forward  # noqa: E402
+from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402

@@ -1,0 +1,119 @@
+"""Scaled dot-product attention, one fused pass per (batch, head) matrix.
+
+For each batch index i (all leading axes flattened), with Q: (L, E),
+K: (S, E), V: (S, Ev), an additive mask M and a dropout mask D (entries 0
+or 1 / (1 - p)):
+
+    P = softmax(scale * Q K^T + M)      (L, S), the attention weights
+    O = (P * D) V
+
+The scores go from BLAS straight into P's own memory, are scaled, masked
+and turned into probabilities row by row while in cache, then BLAS
+multiplies by V. A query whose every key is masked (a row of -inf) gets
+P = 0, so its output is 0 and no gradient flows from it (PyTorch's math
+path would give NaN).
+
+Backward, with dO = dL/dO (P is saved by forward):
+
+    dV = (P * D)^T dO
+    dP = (dO V^T) * D
+    dS = P * (dP - rowsum(P * dP))       gradient w.r.t. the masked scores
+    dQ = scale * dS K,   dK = scale * dS^T Q
+
+Batch broadcasting uses index maps (Q index iq[i], and so on); gradients
+are written per batch index and summed over broadcast axes by the caller.
+The dropout mask is regenerated from (key, element index of P), the same
+stream `dropout_apply` would use on P.
+"""
+import numpy as np
+from numba import njit
+
+from .blas import gemm
+from .mathx import exp, uniform_bits
+from .softmax import FASTMATH
+
+
+@njit(inline="always")
+def _keep_factor(key, index, threshold, keep_scale):
+    return keep_scale if uniform_bits(key, index) >= threshold else keep_scale * 0
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def attention_forward(q, k, v, iq, ik, iv, mask, im, use_mask, causal, scale,
+                      key, threshold, keep_scale, out, weights, start, stop):
+    """For batch indices [start, stop): weights[i] = P (L, S) and out[i] = (P * D) V (L, Ev).
+
+    Dropout is on when keep_scale != 1 (keep_scale = 1 / (1 - p)).
+    """
+    nb, L, S = weights.shape
+    zero, one = weights.dtype.type(0), weights.dtype.type(1)
+    minus_inf = weights.dtype.type(-np.inf)
+    for i in range(start, stop):
+        p = weights[i]
+        gemm(False, True, scale, q[iq[i]], k[ik[i]], zero, p)  # scale * Q K^T
+        for r in range(L):
+            row = p[r]
+            stop = min(r + 1, S) if causal else S  # causal: query r sees keys 0..r
+            m = minus_inf
+            for c in range(stop):
+                s = row[c]
+                if use_mask:
+                    s += mask[im[i], r, c]
+                row[c] = s
+                m = max(m, s)
+            if m == minus_inf:  # every key masked
+                stop = 0
+            total = zero
+            for c in range(stop):
+                e = exp(row[c] - m)
+                row[c] = e
+                total += e
+            inv = one / total if stop else zero
+            for c in range(stop):
+                row[c] *= inv
+            for c in range(stop, S):
+                row[c] = zero
+        if keep_scale != 1:
+            dropped = np.empty((L, S), weights.dtype)  # this thread's own buffer
+            base = i * L * S
+            for r in range(L):
+                for c in range(S):
+                    dropped[r, c] = p[r, c] * _keep_factor(key, base + r * S + c, threshold, keep_scale)
+            gemm(False, False, one, dropped, v[iv[i]], zero, out[i])
+        else:
+            gemm(False, False, one, p, v[iv[i]], zero, out[i])
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def attention_backward(q, k, v, iq, ik, iv, weights, grad_out, scale, key, threshold, keep_scale,
+                       dq, dk, dv, dscores, want_dscores, start, stop):
+    """For batch indices [start, stop): dq, dk, dv and, if asked, dscores (dL/d masked scores)."""
+    nb, L, S = weights.shape
+    zero, one = weights.dtype.type(0), weights.dtype.type(1)
+    for i in range(start, stop):
+        p, go = weights[i], grad_out[i]
+        dp = np.empty((L, S), weights.dtype)  # this thread's own buffer
+        gemm(False, True, one, go, v[iv[i]], zero, dp)
+        if keep_scale != 1:
+            dropped = np.empty((L, S), weights.dtype)
+            base = i * L * S
+            for r in range(L):
+                for c in range(S):
+                    f = _keep_factor(key, base + r * S + c, threshold, keep_scale)
+                    dropped[r, c] = p[r, c] * f
+                    dp[r, c] *= f
+            gemm(True, False, one, dropped, go, zero, dv[i])
+        else:
+            gemm(True, False, one, p, go, zero, dv[i])
+        for r in range(L):
+            pr, dr = p[r], dp[r]
+            s = weights.dtype.type(0)
+            for c in range(S):
+                s += pr[c] * dr[c]
+            for c in range(S):
+                d = pr[c] * (dr[c] - s)
+                if want_dscores:
+                    dscores[i, r, c] = d
+                dr[c] = d
+        gemm(False, False, scale, dp, k[ik[i]], zero, dq[i])
+        gemm(True, False, scale, dp, q[iq[i]], zero, dk[i])

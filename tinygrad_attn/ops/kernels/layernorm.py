@@ -1,0 +1,72 @@
+"""LayerNorm over the last axis of a (rows, n) array, forward and backward.
+
+    mu = mean(x),  rstd = 1 / sqrt(mean((x - mu)^2) + eps),  xhat = (x - mu) * rstd
+    y = xhat * w + b
+
+Forward saves mu and rstd (two numbers per row) instead of xhat; backward
+recomputes xhat on the fly. With gw = g * w,
+
+    dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
+    dw = sum over rows of g * xhat,   db = sum over rows of g
+
+Each row is one cache-resident pass. Backward works on fixed blocks of
+rows: each block adds its rows' dw and db into its own partial sums, which
+the caller adds in block order, so the result does not depend on how the
+blocks are shared between threads.
+"""
+import numpy as np
+from numba import njit
+
+from .softmax import FASTMATH
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
+    """out = layer_norm(x) * weight + bias and mean, rstd for rows [start, stop)."""
+    n = x.shape[1]
+    inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
+    for r in range(start, stop):
+        xr = x[r]
+        s = x.dtype.type(0)
+        for j in range(n):
+            s += xr[j]
+        mu = s * inv_n
+        v = x.dtype.type(0)
+        for j in range(n):
+            d = xr[j] - mu
+            v += d * d
+        rs = x.dtype.type(1) / np.sqrt(v * inv_n + eps)
+        mean[r] = mu
+        rstd[r] = rs
+        yr = out[r]
+        for j in range(n):
+            yr[j] = (xr[j] - mu) * rs * weight[j] + bias[j]
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_blocks, block_rows,
+                        start, stop):
+    """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sums of dw, db."""
+    rows, n = x.shape
+    inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
+    for blk in range(start, stop):
+        dw, db = dweight_blocks[blk], dbias_blocks[blk]
+        dw[:] = 0
+        db[:] = 0
+        for r in range(blk * block_rows, min(rows, (blk + 1) * block_rows)):
+            xr, gr, dr = x[r], grad[r], dx[r]
+            mu, rs = mean[r], rstd[r]
+            mean_gw = x.dtype.type(0)
+            mean_gw_xhat = x.dtype.type(0)
+            for j in range(n):
+                xhat = (xr[j] - mu) * rs
+                gw = gr[j] * weight[j]
+                mean_gw += gw
+                mean_gw_xhat += gw * xhat
+                dw[j] += gr[j] * xhat
+                db[j] += gr[j]
+            mean_gw *= inv_n
+            mean_gw_xhat *= inv_n
+            for j in range(n):
+                xhat = (xr[j] - mu) * rs
+                dr[j] = rs * (gr[j] * weight[j] - mean_gw - xhat * mean_gw_xhat)
