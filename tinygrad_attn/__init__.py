@@ -6,7 +6,7 @@ to explain Transformers on a CPU.
     (x * x).sum().backward()
     x.grad  # tensor([[2., 4.]])
 """
-from . import functional, ops  # noqa: F401
+from . import functional, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
 from .gradcheck import GradcheckError, gradcheck

@@ -1,8 +1,18 @@
-"""Matrix multiplication with numpy's batch broadcasting."""
+"""Matrix multiplication with numpy's batch broadcasting, and `Linear` (x W^T + b).
+
+Products of two matrices go to BLAS through numpy. Stacks of matrices go
+to the `batched_matmul` kernel: numpy would run them one after another on
+one core, the kernel spreads the batch over threads, reads transposed
+views (K^T) in place instead of copying them, and broadcasts batch axes
+with index maps. A stack times a single matrix is one big product:
+(..., n, k) @ (k, m) is computed as (rows, k) @ (k, m).
+"""
 import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
+from . import kernels
+from ._layout import batch_index, matrix_stack
 
 
 def check_matmul_shapes(a_shape, b_shape):
@@ -18,6 +28,37 @@ def check_matmul_shapes(a_shape, b_shape):
         broadcast_shapes("matmul (batch dimensions)", a_shape[:-2], b_shape[:-2])
 
 
+def _flat_rows(x):
+    """(..., k) as a (rows, k) matrix (a view when x is contiguous)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+class _Stacks:
+    """a @ b for stacks of matrices: storage, transpose flags and batch index maps."""
+
+    def __init__(self, a, b):
+        self.batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
+        self.dtype = np.result_type(a, b)
+        self.a, self.ta = matrix_stack(a.astype(self.dtype, copy=False))
+        self.b, self.tb = matrix_stack(b.astype(self.dtype, copy=False))
+        self.ia, self.ib = batch_index(a.shape[:-2], self.batch), batch_index(b.shape[:-2], self.batch)
+        self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
+
+    def product(self, x, y, ix, iy, tx, ty, rows, cols):
+        """The stack op(x[ix[i]]) @ op(y[iy[i]]), shaped batch + (rows, cols)."""
+        out = np.empty((len(ix), rows, cols), self.dtype)
+        inner = x.shape[1] if tx else x.shape[2]
+        if out.size and inner == 0:
+            out[...] = 0
+        elif out.size:
+            flops = rows * cols * inner
+            # Large products: one at a time, BLAS threads each. Small ones: threads share the batch.
+            per_range = len(ix) if flops >= 1 << 21 else max(1, (1 << 16) // max(1, flops))
+            kernels.parallel_for(kernels.batched_matmul, len(ix), x, y, ix, iy, tx, ty, out,
+                                 min_items=per_range)
+        return out.reshape(self.batch + (rows, cols))
+
+
 class MatMul(Function):
     """Z = A @ B, with (..., n, k) @ (..., k, m) -> (..., n, m).
 
@@ -30,11 +71,31 @@ class MatMul(Function):
     def forward(ctx, a, b):
         check_matmul_shapes(a.shape, b.shape)
         ctx.save_for_backward(a, b)
+        ctx.kind = "numpy"
+        if a.ndim >= 3 and b.ndim == 2:
+            ctx.kind = "rows"  # one product (rows, k) @ (k, m)
+            return (_flat_rows(a) @ b).reshape(a.shape[:-1] + (b.shape[1],))
+        if a.ndim >= 2 and b.ndim >= 2 and max(a.ndim, b.ndim) >= 3:
+            ctx.kind = "stacks"
+            s = ctx.stacks = _Stacks(a, b)
+            return s.product(s.a, s.b, s.ia, s.ib, s.ta, s.tb, s.m, s.n)
         return np.matmul(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        if ctx.kind == "rows":
+            g = _flat_rows(grad)
+            return ((g @ b.T).reshape(a.shape) if need_a else None,
+                    _flat_rows(a).T @ g if need_b else None)
+        if ctx.kind == "stacks":
+            s = ctx.stacks
+            g, tg = matrix_stack(grad.astype(s.dtype, copy=False))
+            ig = np.arange(len(s.ia), dtype=np.int64)
+            # dA = G B^T: B^T is b's storage with the flag flipped; dB = A^T G likewise.
+            return (s.product(g, s.b, ig, s.ib, tg, not s.tb, s.m, s.k) if need_a else None,
+                    s.product(s.a, g, s.ia, ig, not s.ta, tg, s.k, s.n) if need_b else None)
         if a.ndim == 1 and b.ndim == 1:  # dot product: z is a scalar
             return grad * b, grad * a
         a2 = a[None, :] if a.ndim == 1 else a
@@ -42,10 +103,50 @@ class MatMul(Function):
         g2 = np.expand_dims(grad, -2) if a.ndim == 1 else grad
         g2 = np.expand_dims(g2, -1) if b.ndim == 1 else g2
         ga = gb = None
-        if ctx.needs_input_grad[0]:
+        if need_a:
             ga = np.matmul(g2, np.swapaxes(b2, -1, -2))
             ga = ga[..., 0, :] if a.ndim == 1 else ga
-        if ctx.needs_input_grad[1]:
+        if need_b:
             gb = np.matmul(np.swapaxes(a2, -1, -2), g2)
             gb = gb[..., 0] if b.ndim == 1 else gb
         return ga, gb
+
+
+class Linear(Function):
+    """y = x W^T + b, with x: (..., in), W: (out, in) as in torch.nn.Linear, b: (out,).
+
+    dL/dx = g W,   dL/dW = g^T x,   dL/db = sum of g      (g = dL/dy; the
+    sums run over all leading axes of x)
+
+    Why fused: x is flattened to one (rows, in) matrix, so forward and each
+    gradient are single BLAS calls (numpy's matmul would loop over leading
+    axes and the engine would then sum a stack of weight gradients); W^T is
+    read transposed by BLAS, not copied; the bias is added in place.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias=None):
+        if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1] or \
+                (bias is not None and bias.shape != (weight.shape[0],)):
+            raise ShapeError(f"linear: input of shape {x.shape} does not fit a weight of shape "
+                             f"{weight.shape}" + ("" if bias is None else f" and a bias of shape {bias.shape}")
+                             + " (expected weight (out, in) with in = the input's last dim, bias (out,))")
+        x2 = _flat_rows(x)
+        y = x2 @ weight.T
+        if bias is not None:
+            y += bias
+        ctx.save_for_backward(x2, weight)
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        return y.reshape(x.shape[:-1] + (weight.shape[0],))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, weight = ctx.saved_tensors
+        g = _flat_rows(grad)
+        grads = (
+            (g @ weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+            g.T @ x2 if ctx.needs_input_grad[1] else None,
+        )
+        if ctx.has_bias:
+            grads += (g.sum(axis=0) if ctx.needs_input_grad[2] else None,)
+        return grads

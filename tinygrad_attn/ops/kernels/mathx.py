@@ -128,3 +128,16 @@ def uniform_bits(key, index):
     unrelated bits, and the same (key, index) always gives the same bits.
     """
     return mix32(np.uint32(mix32(np.uint32(index) ^ key) + key))
+
+
+def uniform_bits_numpy(key, indices):
+    """`uniform_bits` for a numpy array of indices (the readable reference
+    implementations and the tests use it to rebuild a kernel's mask)."""
+    def mix(x):
+        x = x ^ (x >> np.uint32(16))
+        x = x * np.uint32(0x7FEB352D)  # uint32 arithmetic wraps modulo 2^32, as in the kernel
+        x = x ^ (x >> np.uint32(15))
+        x = x * np.uint32(0x846CA68B)
+        return x ^ (x >> np.uint32(16))
+    key = np.uint32(key)
+    return mix(mix(np.asarray(indices).astype(np.uint32) ^ key) + key)
