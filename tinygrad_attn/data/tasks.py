@@ -34,7 +34,7 @@ from .masks import causal_mask
 from .vocab import BOS, EOS, NUM_SPECIAL, PAD, SPECIAL_NAMES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
 class Seq2SeqBatch:
     """One batch of a sequence-to-sequence task (int64 arrays, PAD-padded).
 

@@ -69,7 +69,7 @@ def unflatten_state_dict(arrays, prefix):
                 if name not in arrays:
                     raise KeyError(f"unflatten_state_dict: the array {name!r} is missing")
                 return np.array(arrays[name])  # a writable copy
-            return {(int(k) if k.isdigit() else k): build(v) for k, v in obj.items()}
+            return {(int(k) if k.isascii() and k.isdigit() else k): build(v) for k, v in obj.items()}
         if isinstance(obj, list):
             return [build(v) for v in obj]
         return obj
