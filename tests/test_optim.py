@@ -148,7 +148,8 @@ CASES = list(_sgd_cases()) + list(_adam_cases())
 def _mlp_init(seed=0):
     rng = np.random.default_rng(seed)
     shapes = [(3, 5), (5,), (5, 2), (2,)]
-    return [rng.standard_normal(s) * 0.7 for s in shapes], rng.standard_normal((8, 3)), rng.standard_normal((8, 2))
+    params = [rng.standard_normal(s) * 0.7 for s in shapes]
+    return params, rng.standard_normal((8, 3)), rng.standard_normal((8, 2))
 
 
 def _mlp_loss(params, x, y):

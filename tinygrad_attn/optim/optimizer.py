@@ -166,15 +166,13 @@ class Optimizer:
     def _update(self, p, grad, state, group):
         raise NotImplementedError
 
-    def _check_number(self, group, key, low=0.0, high=None, high_open=False):
-        """A hyper-parameter must be a real number in [low, high] (or [low, high))."""
+    def _check_number(self, group, key, low=0.0):
+        """A hyper-parameter must be a real number >= low."""
         value = group[key]
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{type(self).__name__}: {key} must be a number, got {value!r}")
-        too_high = high is not None and (value >= high if high_open else value > high)
-        if not value >= low or too_high:  # `not >=` also catches NaN
-            bound = "" if high is None else f" and {'<' if high_open else '<='} {high}"
-            raise ValueError(f"{type(self).__name__}: invalid {key} {value} (must be >= {low}{bound})")
+        if not value >= low:  # `not >=` also catches NaN
+            raise ValueError(f"{type(self).__name__}: invalid {key} {value} (must be >= {low})")
 
     # --------------------------------------------------------- state dict
     def state_dict(self):
