@@ -15,13 +15,14 @@ from .shapes import ShapeError
 from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, full, int64,
                      matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
                      tensor, where, zeros, zeros_like)
+from . import data, optim  # noqa: F401  (after Tensor: they build on it)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "tensor", "Function", "gradcheck", "GradcheckError", "grad", "no_grad",
     "enable_grad", "set_grad_enabled", "is_grad_enabled", "detect_anomaly", "AnomalyError",
-    "manual_seed", "get_generator", "ShapeError", "functional",
+    "manual_seed", "get_generator", "ShapeError", "functional", "optim", "data",
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
     "float32", "float64", "int64", "bool_",
