@@ -34,7 +34,7 @@ def _to_arrays(state_dict):
         if array.dtype.kind not in "biufc":
             raise TypeError(f"save: {name!r} has dtype {array.dtype}, which a checkpoint cannot hold "
                             "(numeric and boolean arrays only)")
-        arrays[name] = np.ascontiguousarray(array)
+        arrays[name] = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
     return arrays
 
 
@@ -77,7 +77,7 @@ def _read_header(raw, path):
     """Parse and sanity-check the header, telling a truncated checkpoint from
     a file that is not one at all."""
     not_ours = f"{path} is not a safetensors checkpoint"
-    if len(raw) < 8:
+    if len(raw) <= 8:
         raise CheckpointError(f"{not_ours} (or it is truncated): it has only {len(raw)} bytes")
     header_len = int.from_bytes(raw[:8], "little")
     if raw[8:9] != b"{":
