@@ -78,7 +78,8 @@ def test_embedding_errors():
 
 # ---------------------------------------------------------------- LayerNorm
 
-@given(lead=shapes(min_dims=1, max_dims=2, max_side=3), norm_shape=shapes(min_dims=1, max_dims=2, min_side=2, max_side=3),
+@given(lead=shapes(min_dims=1, max_dims=2, max_side=3),
+       norm_shape=shapes(min_dims=1, max_dims=2, min_side=2, max_side=3),
        affine=st.booleans(), bias=st.booleans(), data=st.data())
 def test_layer_norm_forward_and_gradcheck(lead, norm_shape, affine, bias, data):
     layer = nn.LayerNorm(norm_shape, eps=1e-5, elementwise_affine=affine, bias=bias).double()
@@ -444,5 +445,6 @@ def test_batch_first_false_and_unbatched_inputs_agree():
     out = layer(x)
     layer_tb = nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, batch_first=False)
     layer_tb.load_state_dict(layer.state_dict())
-    np.testing.assert_allclose(layer_tb(x.swapaxes(0, 1)).swapaxes(0, 1).data, out.data, rtol=1e-5, atol=1e-6)
+    out_tb = layer_tb(x.swapaxes(0, 1)).swapaxes(0, 1)
+    np.testing.assert_allclose(out_tb.data, out.data, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(layer(x[1]).data, out.data[1], rtol=1e-5, atol=1e-6)

@@ -228,7 +228,8 @@ def test_containers():
     x = tg.randn(5, 2)
     np.testing.assert_allclose(seq(x).data, seq[2](seq[1](seq[0](x))).data)
     assert isinstance(seq[:2], nn.Sequential) and len(seq[:2]) == 2
-    assert [n for n, _ in nn.Sequential(OrderedDict(a=nn.Linear(1, 1))).named_parameters()] == ["a.weight", "a.bias"]
+    named = nn.Sequential(OrderedDict(a=nn.Linear(1, 1)))
+    assert [n for n, _ in named.named_parameters()] == ["a.weight", "a.bias"]
 
 
 def test_apply_visits_every_module_and_deepcopy_is_independent():
@@ -241,9 +242,15 @@ def test_apply_visits_every_module_and_deepcopy_is_independent():
     np.testing.assert_array_equal(clone.blocks[0].proj.weight.data, net.blocks[0].proj.weight.data)
 
 
-def test_module_without_forward():
+def test_module_without_forward_or_init():
     with pytest.raises(NotImplementedError, match="Block2 does not define forward"):
         type("Block2", (nn.Module,), {})()(1)
+
+    class NoInit(nn.Module):
+        def __init__(self):
+            self.layer = nn.Linear(1, 1)
+    with pytest.raises(AttributeError, match="forget to call super"):
+        NoInit().train()
 
 
 def test_module_gradcheck_catches_a_wrong_parameter_gradient():
@@ -298,7 +305,8 @@ def test_manual_seed_reproduces_initialisation():
                               dim_feedforward=8).state_dict()
     a, b, c = build(3), build(3), build(4)
     assert all(np.array_equal(a[k].data, b[k].data) for k in a)
-    assert not np.array_equal(a["encoder.layers.0.linear1.weight"].data, c["encoder.layers.0.linear1.weight"].data)
+    key = "encoder.layers.0.linear1.weight"
+    assert not np.array_equal(a[key].data, c[key].data)
 
 
 def _spans(values, bound):

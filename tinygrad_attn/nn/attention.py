@@ -11,7 +11,6 @@ two frameworks: `in_proj_weight` (3*h*head_dim, E) stacks W_Q^T, W_K^T, W_V^T
 (head i owns rows i*head_dim:(i+1)*head_dim of each third), `in_proj_bias`
 stacks their biases, and `out_proj` is a Linear whose weight is W_O^T.
 """
-import math
 from functools import reduce
 
 import numpy as np

@@ -87,6 +87,13 @@ class Module:
         self.training = True
         self._buffer_names = {}  # name -> persistent (saved in state_dict)
 
+    def __getattr__(self, name):
+        # Only reached when normal lookup fails: explain the usual cause.
+        if name in ("training", "_buffer_names"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}: did its "
+                                 "__init__ forget to call super().__init__()?")
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
