@@ -250,7 +250,7 @@ def test_module_without_forward_or_init():
         def __init__(self):
             self.layer = nn.Linear(1, 1)
     with pytest.raises(AttributeError, match="forget to call super"):
-        NoInit().train()
+        NoInit().state_dict()
 
 
 def test_module_gradcheck_catches_a_wrong_parameter_gradient():
