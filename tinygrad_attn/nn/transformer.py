@@ -248,8 +248,9 @@ class Transformer(Module):
                             tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
 
     @staticmethod
-    def generate_square_subsequent_mask(sz, dtype=np.float32):
-        """The causal mask (sz, sz) as a float Tensor: 0 on and below the
-        diagonal, -inf above it (position i may not see j > i)."""
+    def generate_square_subsequent_mask(sz, dtype=None):
+        """The causal mask (sz, sz) as a float Tensor (float32 unless `dtype`
+        says otherwise): 0 on and below the diagonal, -inf above it
+        (position i may not see j > i)."""
         mask = np.triu(np.full((sz, sz), -np.inf), k=1)
-        return Tensor(mask.astype(dtype))
+        return Tensor(mask, dtype=np.float32 if dtype is None else dtype)
