@@ -8,7 +8,7 @@ printed at the end of the module (run with -s to see the table).
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tinygrad_attn as tg
@@ -221,7 +221,6 @@ def test_attention_cases(case, dtype, direction):
     check_attention(case, kwargs, inputs, masks(L, S), dtype, direction, self_attention)
 
 
-@settings(max_examples=10)
 @given(case=attention_cases(torch_compatible=True, max_side=4),
        direction=st.sampled_from(["torch->ours", "ours->torch"]))
 def test_attention_drawn_by_hypothesis(case, direction):
