@@ -6,22 +6,25 @@ to explain Transformers on a CPU.
     (x * x).sum().backward()
     x.grad  # tensor([[2., 4.]])
 """
-from . import functional, ops, reference  # noqa: F401
+from . import functional, nn, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
+from .checkpoint import CheckpointError, load, save
 from .gradcheck import GradcheckError, gradcheck
 from .random import get_generator, manual_seed
 from .shapes import ShapeError
 from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, full, int64,
                      matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
                      tensor, where, zeros, zeros_like)
+from . import data, optim  # noqa: F401  (after Tensor: they build on it)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "tensor", "Function", "gradcheck", "GradcheckError", "grad", "no_grad",
     "enable_grad", "set_grad_enabled", "is_grad_enabled", "detect_anomaly", "AnomalyError",
-    "manual_seed", "get_generator", "ShapeError", "functional",
+    "manual_seed", "get_generator", "ShapeError", "functional", "nn", "optim", "data",
+    "save", "load", "CheckpointError",
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
     "float32", "float64", "int64", "bool_",

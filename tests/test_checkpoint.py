@@ -1,0 +1,101 @@
+"""Checkpoints: safetensors round trips, atomic saves, clear errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as tg
+from tinygrad_attn import nn
+
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+          np.float16, np.float32, np.float64]
+
+
+def test_round_trip_of_every_dtype_with_metadata(tmp_path):
+    rng = np.random.default_rng(0)
+    state = {f"t_{np.dtype(d).name}": (rng.normal(size=(2, 3)) * 50).astype(d) for d in DTYPES}
+    state["scalar"] = np.array(3.5)
+    state["empty"] = np.zeros((0, 4), np.float32)
+    state["strided"] = np.arange(12.0).reshape(3, 4).T  # not contiguous
+    state["tensor"] = tg.randn(4, 2)
+    metadata = {"config": json.dumps({"d_model": 8, "nhead": 2}), "step": "120"}
+    path = tmp_path / "all.safetensors"
+    tg.save(state, path, metadata=metadata)
+    loaded, meta = tg.load(path, with_metadata=True)
+    assert meta == metadata and json.loads(meta["config"])["nhead"] == 2
+    assert set(loaded) == set(state)
+    for name, value in state.items():
+        expected = value.data if isinstance(value, tg.Tensor) else value
+        assert loaded[name].dtype == expected.dtype and loaded[name].shape == expected.shape, name
+        np.testing.assert_array_equal(loaded[name], expected)
+    assert tg.load(path).keys() == loaded.keys()
+    tg.save({"x": np.ones(1)}, str(tmp_path / "plain.safetensors"))  # str paths too, no metadata
+    assert tg.load(str(tmp_path / "plain.safetensors"), with_metadata=True)[1] == {}
+
+
+def test_model_round_trip_through_a_file(tmp_path):
+    tg.manual_seed(0)
+    model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                           dim_feedforward=16, dropout=0.0)
+    path = tmp_path / "model.safetensors"
+    tg.save(model.state_dict(), path)
+    tg.manual_seed(1)
+    other = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                           dim_feedforward=16, dropout=0.0)
+    other.load_state_dict(tg.load(path))
+    src, tgt = tg.randn(2, 5, 8), tg.randn(2, 3, 8)
+    np.testing.assert_array_equal(other(src, tgt).data, model(src, tgt).data)
+    # The loaded arrays are ordinary writable arrays.
+    assert all(a.flags.writeable for a in tg.load(path).values())
+
+
+def test_a_failing_save_leaves_the_earlier_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.safetensors"
+    tg.save({"w": np.arange(4.0)}, path, metadata={"version": "1"})
+    before = path.read_bytes()
+
+    def crash(src, dst):
+        raise OSError("disk full (simulated)")
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="simulated"):
+        tg.save({"w": np.zeros(1000)}, path, metadata={"version": "2"})
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ckpt.safetensors"]  # no temporary file left behind
+    # Bad input fails before any file is touched.
+    with pytest.raises(TypeError, match="'bad' has dtype object"):
+        tg.save({"w": np.ones(2), "bad": np.array([object()])}, path)
+    with pytest.raises(TypeError, match="metadata must be a dict of str -> str"):
+        tg.save({"w": np.ones(2)}, path, metadata={"step": 3})
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.safetensors"]
+    np.testing.assert_array_equal(tg.load(path)["w"], np.arange(4.0))
+
+
+@pytest.mark.parametrize("keep", [0, 5, 8, 12, -1, -20])
+def test_truncated_files_are_reported_as_truncated(tmp_path, keep):
+    path = tmp_path / "ckpt.safetensors"
+    tg.save({"a": np.arange(10.0), "b": np.ones((3, 3), np.float32)}, path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[:keep] if keep >= 0 else raw[:len(raw) + keep])
+    expected = "truncated"
+    with pytest.raises(tg.CheckpointError, match=expected):
+        tg.load(path)
+
+
+@pytest.mark.parametrize("content", [
+    b"this is a plain text file, not a checkpoint\n" * 3,
+    b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01a\x94K\x01s.",  # a pickle
+    (20).to_bytes(8, "little") + b'{"a": [1, 2, 3]}    ',                  # JSON, not safetensors
+    (8).to_bytes(8, "little") + b"{not js}",
+])
+def test_foreign_files_are_reported_as_not_checkpoints(tmp_path, content):
+    path = tmp_path / "foreign.bin"
+    path.write_bytes(content)
+    with pytest.raises(tg.CheckpointError, match="is not a (valid )?safetensors"):
+        tg.load(path)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError):
+        tg.load("/nonexistent/ckpt.safetensors")

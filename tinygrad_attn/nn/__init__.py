@@ -1,0 +1,29 @@
+"""Layers with PyTorch's names: the module system, the building blocks of a
+Transformer, and weight initialisation (`nn.init`).
+
+    from tinygrad_attn import nn
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=256)
+    y = layer(x)                      # x: (batch, T, 64)
+
+See docs/nn.md.
+"""
+from .. import functional  # noqa: F401  (nn.functional, as in torch.nn.functional)
+from . import init  # noqa: F401
+from .attention import MultiHeadAttention
+from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU
+from .module import (IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential,
+                     StateDictError)
+from .positional import LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_table
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
+
+MultiheadAttention = MultiHeadAttention  # PyTorch's spelling
+
+__all__ = [
+    "Module", "Parameter", "ModuleList", "ModuleDict", "Sequential", "StateDictError",
+    "IncompatibleKeys", "init", "functional",
+    "Identity", "Linear", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU",
+    "MultiHeadAttention", "MultiheadAttention", "PositionalEncoding", "LearnedPositionalEmbedding",
+    "sinusoidal_table", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerDecoder", "Transformer",
+]
