@@ -33,9 +33,43 @@ from .mathx import exp, uniform_bits
 from .softmax import FASTMATH
 
 
-@njit(inline="always")
-def _keep_factor(key, index, threshold, keep_scale):
-    return keep_scale if uniform_bits(key, index) >= threshold else keep_scale * 0
+@njit(fastmath=FASTMATH)
+def _masked_softmax_rows(p, mask, use_mask, causal):
+    """P = softmax(P + mask) row by row, in place; rows with no key left become 0."""
+    L, S = p.shape
+    zero, one = p.dtype.type(0), p.dtype.type(1)
+    minus_inf = p.dtype.type(-np.inf)
+    for r in range(L):
+        row = p[r]
+        stop = (r + 1 if r + 1 < S else S) if causal else S  # causal: query r sees keys 0..r
+        m = minus_inf
+        for c in range(stop):
+            s = row[c] + mask[r, c] if use_mask else row[c]
+            row[c] = s
+            m = s if s > m else m
+        if m == minus_inf:  # every key masked
+            stop = 0
+        total = zero
+        for c in range(stop):
+            e = exp(row[c] - m)
+            row[c] = e
+            total += e
+        inv = one / total if stop else zero
+        for c in range(stop):
+            row[c] *= inv
+        for c in range(stop, S):
+            row[c] = zero
+
+
+@njit(fastmath=FASTMATH)
+def _times_dropout(src, dst, base, key, threshold, keep_scale):
+    """dst = src * D for one (L, S) matrix whose first element has index `base` in P."""
+    L, S = src.shape
+    dropped = keep_scale * 0
+    for r in range(L):
+        for c in range(S):
+            keep = uniform_bits(key, base + r * S + c) >= threshold
+            dst[r, c] = src[r, c] * (keep_scale if keep else dropped)
 
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
@@ -47,38 +81,13 @@ def attention_forward(q, k, v, iq, ik, iv, mask, im, use_mask, causal, scale,
     """
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
-    minus_inf = weights.dtype.type(-np.inf)
+    dropped = np.empty((L, S), weights.dtype) if keep_scale != 1 else weights[0]  # this thread's buffer
     for i in range(start, stop):
         p = weights[i]
         gemm(False, True, scale, q[iq[i]], k[ik[i]], zero, p)  # scale * Q K^T
-        for r in range(L):
-            row = p[r]
-            stop = min(r + 1, S) if causal else S  # causal: query r sees keys 0..r
-            m = minus_inf
-            for c in range(stop):
-                s = row[c]
-                if use_mask:
-                    s += mask[im[i], r, c]
-                row[c] = s
-                m = max(m, s)
-            if m == minus_inf:  # every key masked
-                stop = 0
-            total = zero
-            for c in range(stop):
-                e = exp(row[c] - m)
-                row[c] = e
-                total += e
-            inv = one / total if stop else zero
-            for c in range(stop):
-                row[c] *= inv
-            for c in range(stop, S):
-                row[c] = zero
+        _masked_softmax_rows(p, mask[im[i]], use_mask, causal)
         if keep_scale != 1:
-            dropped = np.empty((L, S), weights.dtype)  # this thread's own buffer
-            base = i * L * S
-            for r in range(L):
-                for c in range(S):
-                    dropped[r, c] = p[r, c] * _keep_factor(key, base + r * S + c, threshold, keep_scale)
+            _times_dropout(p, dropped, i * L * S, key, threshold, keep_scale)
             gemm(False, False, one, dropped, v[iv[i]], zero, out[i])
         else:
             gemm(False, False, one, p, v[iv[i]], zero, out[i])
@@ -90,30 +99,27 @@ def attention_backward(q, k, v, iq, ik, iv, weights, grad_out, scale, key, thres
     """For batch indices [start, stop): dq, dk, dv and, if asked, dscores (dL/d masked scores)."""
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
+    dp = np.empty((L, S), weights.dtype)  # this thread's own buffers
+    dropped = np.empty((L, S), weights.dtype) if keep_scale != 1 else dp
     for i in range(start, stop):
         p, go = weights[i], grad_out[i]
-        dp = np.empty((L, S), weights.dtype)  # this thread's own buffer
-        gemm(False, True, one, go, v[iv[i]], zero, dp)
+        gemm(False, True, one, go, v[iv[i]], zero, dp)  # dL/d(P * D)
         if keep_scale != 1:
-            dropped = np.empty((L, S), weights.dtype)
-            base = i * L * S
-            for r in range(L):
-                for c in range(S):
-                    f = _keep_factor(key, base + r * S + c, threshold, keep_scale)
-                    dropped[r, c] = p[r, c] * f
-                    dp[r, c] *= f
+            _times_dropout(p, dropped, i * L * S, key, threshold, keep_scale)
+            _times_dropout(dp, dp, i * L * S, key, threshold, keep_scale)
             gemm(True, False, one, dropped, go, zero, dv[i])
         else:
             gemm(True, False, one, p, go, zero, dv[i])
         for r in range(L):
             pr, dr = p[r], dp[r]
-            s = weights.dtype.type(0)
+            s = zero
             for c in range(S):
                 s += pr[c] * dr[c]
             for c in range(S):
-                d = pr[c] * (dr[c] - s)
-                if want_dscores:
-                    dscores[i, r, c] = d
-                dr[c] = d
+                dr[c] = pr[c] * (dr[c] - s)
+            if want_dscores:
+                ds = dscores[i, r]
+                for c in range(S):  # an explicit loop: array assignment compiles slowly
+                    ds[c] = dr[c]
         gemm(False, False, scale, dp, k[ik[i]], zero, dq[i])
         gemm(True, False, scale, dp, q[iq[i]], zero, dk[i])

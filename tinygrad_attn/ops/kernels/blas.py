@@ -57,10 +57,11 @@ def _gemm_overload(trans_a, trans_b, alpha, a, b, beta, c):
         m, n = c.shape
         k = a.shape[0] if trans_a else a.shape[1]
         size = a.itemsize
-        # max(1, ...): BLAS rejects a leading dimension of 0, even for an empty matrix
+        # BLAS rejects a leading dimension of 0 (an empty matrix): use at least 1
+        lda, ldb, ldc = a.strides[0] // size, b.strides[0] // size, c.strides[0] // size
         xxgemm(kind, T if trans_b else N, T if trans_a else N, n, m, k,
-               _pointer_to(alpha), _data_pointer(b), max(1, b.strides[0] // size),
-               _data_pointer(a), max(1, a.strides[0] // size),
-               _pointer_to(beta), _data_pointer(c), max(1, c.strides[0] // size))
+               _pointer_to(alpha), _data_pointer(b), ldb if ldb > 0 else 1,
+               _data_pointer(a), lda if lda > 0 else 1,
+               _pointer_to(beta), _data_pointer(c), ldc if ldc > 0 else 1)
 
     return impl

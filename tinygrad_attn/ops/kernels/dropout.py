@@ -20,6 +20,7 @@ from .softmax import FASTMATH
 def dropout_apply(x, key, threshold, scale, out, start, stop):
     """out[i] = x[i] * mask[i] * scale for i in [start, stop) (1-D arrays)."""
     zero = x.dtype.type(0)
-    for i in range(start, stop):
+    xs, outs = x[start:stop], out[start:stop]  # indices from 0: no negative-index checks in the loop
+    for j in range(xs.shape[0]):
         # multiply rather than select, so a NaN in x stays visible
-        out[i] = x[i] * (scale if uniform_bits(key, i) >= threshold else zero)
+        outs[j] = xs[j] * (scale if uniform_bits(key, start + j) >= threshold else zero)

@@ -53,7 +53,8 @@ def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_b
         dw, db = dweight_blocks[blk], dbias_blocks[blk]
         dw[:] = 0
         db[:] = 0
-        for r in range(blk * block_rows, min(rows, (blk + 1) * block_rows)):
+        last = (blk + 1) * block_rows
+        for r in range(blk * block_rows, last if last < rows else rows):
             xr, gr, dr = x[r], grad[r], dx[r]
             mu, rs = mean[r], rstd[r]
             mean_gw = x.dtype.type(0)

@@ -30,7 +30,7 @@ FASTMATH = {"nsz", "contract", "reassoc", "arcp"}
 def row_max(row):
     m = row[0]
     for j in range(1, row.shape[0]):
-        m = max(m, row[j])
+        m = row[j] if row[j] > m else m  # (a NaN is skipped here but poisons the sum)
     return m
 
 
