@@ -90,6 +90,7 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
     if t.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
+    target_shape = t.shape
     if logits.ndim == 1:
         logits, t = logits.reshape(1, -1), t.reshape(1)
     elif logits.ndim > 2:
@@ -111,7 +112,7 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
         loss = (1 - label_smoothing) * loss - label_smoothing * logp.mean(axis=-1)
     loss = loss * Tensor(valid.astype(logits.dtype))
     if reduction == "none":
-        return loss
+        return loss.reshape(target_shape)  # () for (C,) logits, as PyTorch
     if reduction == "sum":
         return loss.sum()
     n_valid = int(valid.sum())

@@ -60,15 +60,14 @@ class CrossEntropy(Function):
             raise IndexError(f"cross_entropy: target values must be in [0, {n_classes}) or ignore_index "
                              f"({ignore_index})")
         x2 = _classes_last(logits)
-        loss = np.empty(x2.shape[0], dtype)
-        lse = np.empty(x2.shape[0], dtype)
+        loss, row_max, log_sum = (np.empty(x2.shape[0], dtype) for _ in range(3))
         smoothing = dtype.type(label_smoothing)
         if x2.size:
             run_rows(kernels.cross_entropy_forward, x2.shape[0], 4 * n_classes, x2, t, ignore_index,
-                     smoothing, loss, lse)
+                     smoothing, loss, row_max, log_sum)
         elif n_classes == 0 and valid.any():
             raise ShapeError("cross_entropy: logits have no classes")
-        ctx.save_for_backward(x2, t, lse)
+        ctx.save_for_backward(x2, t, row_max, log_sum)
         ctx.logits_shape, ctx.ignore_index, ctx.smoothing = logits.shape, ignore_index, smoothing
         ctx.reduction, ctx.n_valid = reduction, int(valid.sum())
         if reduction == "none":
@@ -80,7 +79,7 @@ class CrossEntropy(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x2, t, lse = ctx.saved_tensors
+        x2, t, row_max, log_sum = ctx.saved_tensors
         if ctx.reduction == "none":
             row_grad = np.ascontiguousarray(grad, x2.dtype).reshape(-1)
         else:
@@ -88,8 +87,8 @@ class CrossEntropy(Function):
             row_grad = np.full(x2.shape[0], g, x2.dtype)
         dx2 = np.empty_like(x2)
         if x2.size:
-            run_rows(kernels.cross_entropy_backward, x2.shape[0], 4 * x2.shape[1], x2, t, lse, row_grad,
-                     ctx.ignore_index, ctx.smoothing, dx2)
+            run_rows(kernels.cross_entropy_backward, x2.shape[0], 4 * x2.shape[1], x2, t, row_max, log_sum,
+                     row_grad, ctx.ignore_index, ctx.smoothing, dx2)
         shape = ctx.logits_shape
         if len(shape) > 2:
             return np.moveaxis(dx2.reshape((shape[0],) + shape[2:] + (shape[1],)), -1, 1)

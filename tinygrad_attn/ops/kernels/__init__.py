@@ -14,7 +14,8 @@ same inputs give bit-identical outputs whatever the number of threads.
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
-    mathx, blas    exp, uniform_bits, gemm: helpers compiled into the kernels
+    mathx, blas,   exp, uniform_bits, gemm, max_of, sum_of, ...: helpers compiled
+    reductions     into the kernels (reductions alone may reorder sums)
 """
 import os
 

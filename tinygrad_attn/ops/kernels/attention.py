@@ -29,39 +29,34 @@ import numpy as np
 from numba import njit
 
 from .blas import gemm
-from .mathx import exp, uniform_bits
-from .softmax import FASTMATH
+from .mathx import uniform_bits
+from .reductions import KERNEL_FASTMATH, dot, max_of, store_exp
 
 
-@njit(fastmath=FASTMATH)
+@njit(fastmath=KERNEL_FASTMATH)
 def _masked_softmax_rows(p, mask, use_mask, causal):
     """P = softmax(P + mask) row by row, in place; rows with no key left become 0."""
     L, S = p.shape
     zero, one = p.dtype.type(0), p.dtype.type(1)
-    minus_inf = p.dtype.type(-np.inf)
     for r in range(L):
         row = p[r]
         stop = (r + 1 if r + 1 < S else S) if causal else S  # causal: query r sees keys 0..r
-        m = minus_inf
-        for c in range(stop):
-            s = row[c] + mask[r, c] if use_mask else row[c]
-            row[c] = s
-            m = s if s > m else m
-        if m == minus_inf:  # every key masked
+        if use_mask:
+            mr = mask[r]
+            for c in range(stop):
+                row[c] += mr[c]
+        m = max_of(row[:stop])
+        if m == -np.inf:  # every key masked
             stop = 0
-        total = zero
-        for c in range(stop):
-            e = exp(row[c] - m)
-            row[c] = e
-            total += e
-        inv = one / total if stop else zero
-        for c in range(stop):
-            row[c] *= inv
+        else:
+            inv = one / store_exp(row[:stop], m, row[:stop])
+            for c in range(stop):
+                row[c] *= inv
         for c in range(stop, S):
             row[c] = zero
 
 
-@njit(fastmath=FASTMATH)
+@njit(fastmath=KERNEL_FASTMATH)
 def _times_dropout(src, dst, base, key, threshold, keep_scale):
     """dst = src * D for one (L, S) matrix whose first element has index `base` in P."""
     L, S = src.shape
@@ -72,7 +67,7 @@ def _times_dropout(src, dst, base, key, threshold, keep_scale):
             dst[r, c] = src[r, c] * (keep_scale if keep else dropped)
 
 
-@njit(nogil=True, cache=True, fastmath=FASTMATH)
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
 def attention_forward(q, k, v, iq, ik, iv, mask, im, use_mask, causal, scale,
                       key, threshold, keep_scale, out, weights, start, stop):
     """For batch indices [start, stop): weights[i] = P (L, S) and out[i] = (P * D) V (L, Ev).
@@ -93,7 +88,7 @@ def attention_forward(q, k, v, iq, ik, iv, mask, im, use_mask, causal, scale,
             gemm(False, False, one, p, v[iv[i]], zero, out[i])
 
 
-@njit(nogil=True, cache=True, fastmath=FASTMATH)
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
 def attention_backward(q, k, v, iq, ik, iv, weights, grad_out, scale, key, threshold, keep_scale,
                        dq, dk, dv, dscores, want_dscores, start, stop):
     """For batch indices [start, stop): dq, dk, dv and, if asked, dscores (dL/d masked scores)."""
@@ -112,9 +107,7 @@ def attention_backward(q, k, v, iq, ik, iv, weights, grad_out, scale, key, thres
             gemm(True, False, one, p, go, zero, dv[i])
         for r in range(L):
             pr, dr = p[r], dp[r]
-            s = zero
-            for c in range(S):
-                s += pr[c] * dr[c]
+            s = dot(pr, dr)
             for c in range(S):
                 dr[c] = pr[c] * (dr[c] - s)
             if want_dscores:

@@ -13,10 +13,10 @@ import numpy as np
 from numba import njit
 
 from .mathx import uniform_bits
-from .softmax import FASTMATH
+from .reductions import KERNEL_FASTMATH
 
 
-@njit(nogil=True, cache=True, fastmath=FASTMATH)
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
 def dropout_apply(x, key, threshold, scale, out, start, stop):
     """out[i] = x[i] * mask[i] * scale for i in [start, stop) (1-D arrays)."""
     zero = x.dtype.type(0)

@@ -17,25 +17,18 @@ blocks are shared between threads.
 import numpy as np
 from numba import njit
 
-from .softmax import FASTMATH
+from .reductions import KERNEL_FASTMATH, SUM_FASTMATH, sum_of, sum_sq_centered
 
 
-@njit(nogil=True, cache=True, fastmath=FASTMATH)
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
 def layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
     """out = layer_norm(x) * weight + bias and mean, rstd for rows [start, stop)."""
     n = x.shape[1]
     inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
     for r in range(start, stop):
         xr = x[r]
-        s = x.dtype.type(0)
-        for j in range(n):
-            s += xr[j]
-        mu = s * inv_n
-        v = x.dtype.type(0)
-        for j in range(n):
-            d = xr[j] - mu
-            v += d * d
-        rs = x.dtype.type(1) / np.sqrt(v * inv_n + eps)
+        mu = sum_of(xr) * inv_n
+        rs = x.dtype.type(1) / np.sqrt(sum_sq_centered(xr, mu) * inv_n + eps)
         mean[r] = mu
         rstd[r] = rs
         yr = out[r]
@@ -43,7 +36,19 @@ def layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
             yr[j] = (xr[j] - mu) * rs * weight[j] + bias[j]
 
 
-@njit(nogil=True, cache=True, fastmath=FASTMATH)
+@njit(fastmath=SUM_FASTMATH)
+def _sums_for_dx(xr, gr, weight, mu, rs):
+    """sum_j gw_j and sum_j gw_j * xhat_j for one row (gw = g * w)."""
+    sum_gw = xr.dtype.type(0)
+    sum_gw_xhat = xr.dtype.type(0)
+    for j in range(xr.shape[0]):
+        gw = gr[j] * weight[j]
+        sum_gw += gw
+        sum_gw_xhat += gw * ((xr[j] - mu) * rs)
+    return sum_gw, sum_gw_xhat
+
+
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
 def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_blocks, block_rows,
                         start, stop):
     """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sums of dw, db."""
@@ -57,17 +62,10 @@ def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_b
         for r in range(blk * block_rows, last if last < rows else rows):
             xr, gr, dr = x[r], grad[r], dx[r]
             mu, rs = mean[r], rstd[r]
-            mean_gw = x.dtype.type(0)
-            mean_gw_xhat = x.dtype.type(0)
+            sum_gw, sum_gw_xhat = _sums_for_dx(xr, gr, weight, mu, rs)
+            mean_gw, mean_gw_xhat = sum_gw * inv_n, sum_gw_xhat * inv_n
             for j in range(n):
                 xhat = (xr[j] - mu) * rs
-                gw = gr[j] * weight[j]
-                mean_gw += gw
-                mean_gw_xhat += gw * xhat
                 dw[j] += gr[j] * xhat
                 db[j] += gr[j]
-            mean_gw *= inv_n
-            mean_gw_xhat *= inv_n
-            for j in range(n):
-                xhat = (xr[j] - mu) * rs
                 dr[j] = rs * (gr[j] * weight[j] - mean_gw - xhat * mean_gw_xhat)

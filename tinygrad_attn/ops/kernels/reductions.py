@@ -1,0 +1,73 @@
+"""Row reductions for the kernels: max, sum, dot, and the sum of exp(x - m).
+
+They are compiled with the fast-math flag 'reassoc' (LLVM may reorder the
+additions), which lets the loop run in SIMD lanes with several partial sums
+(a plain left-to-right float sum cannot be vectorized). The order is still
+fixed by the compiled code, so results are deterministic.
+
+'reassoc' is allowed here and nowhere else: in a kernel body it would let
+LLVM regroup (x - m) - log s into x - (m + log s), and with logits of 1e4
+in float32 m + log s rounds log s away. The kernels themselves use
+KERNEL_FASTMATH, without it.
+"""
+from numba import njit
+
+from .mathx import exp
+
+KERNEL_FASTMATH = {"nsz", "contract", "arcp"}
+SUM_FASTMATH = KERNEL_FASTMATH | {"reassoc"}
+
+
+@njit(fastmath=SUM_FASTMATH)
+def max_of(row):
+    """max(row) (a NaN is skipped here, but exp(NaN - m) then poisons the sum)."""
+    m = row[0]
+    for j in range(1, row.shape[0]):
+        m = row[j] if row[j] > m else m
+    return m
+
+
+@njit(fastmath=SUM_FASTMATH)
+def sum_of(row):
+    s = row.dtype.type(0)
+    for j in range(row.shape[0]):
+        s += row[j]
+    return s
+
+
+@njit(fastmath=SUM_FASTMATH)
+def dot(a, b):
+    s = a.dtype.type(0)
+    for j in range(a.shape[0]):
+        s += a[j] * b[j]
+    return s
+
+
+@njit(fastmath=SUM_FASTMATH)
+def sum_sq_centered(row, mean):
+    """sum_j (row_j - mean)^2, the variance times n."""
+    s = row.dtype.type(0)
+    for j in range(row.shape[0]):
+        d = row[j] - mean
+        s += d * d
+    return s
+
+
+@njit(fastmath=SUM_FASTMATH)
+def sum_exp(row, m):
+    """sum_j exp(row_j - m)."""
+    s = row.dtype.type(0)
+    for j in range(row.shape[0]):
+        s += exp(row[j] - m)
+    return s
+
+
+@njit(fastmath=SUM_FASTMATH)
+def store_exp(row, m, out):
+    """out_j = exp(row_j - m); returns their sum (out may be row itself)."""
+    s = row.dtype.type(0)
+    for j in range(row.shape[0]):
+        e = exp(row[j] - m)
+        out[j] = e
+        s += e
+    return s
