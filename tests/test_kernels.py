@@ -140,10 +140,14 @@ def test_dropout_matches_composite_with_the_same_seed():
 
 
 def test_batched_matmul_reads_transposed_views_in_place():
-    from tinygrad_attn.ops._layout import matrix_stack
+    from tinygrad_attn.ops._layout import as_matrices
     b = randn(3, 4, 7, 6)
-    stack, transposed = matrix_stack(np.swapaxes(b, -1, -2))
-    assert transposed and np.shares_memory(stack, b)  # BLAS reads it transposed: no copy
+    buffer, offsets, ld, transposed = as_matrices(np.swapaxes(b, -1, -2), (2, 3, 4), allow_transposed=True)
+    assert transposed and np.shares_memory(buffer, b)  # BLAS reads it transposed: no copy
+    assert ld == 6 and offsets.tolist() == list(range(0, 12 * 42, 42)) * 2  # broadcast: offsets repeat
+    heads = randn(2, 5, 3, 4).transpose(0, 2, 1, 3)  # (B, T, H, E) seen as (B, H, T, E)
+    buffer, offsets, ld, transposed = as_matrices(heads, (2, 3))
+    assert not transposed and np.shares_memory(buffer, heads) and ld == 12
     for a_shape, b_shape, swap_a in [((3, 4, 5, 6), (3, 4, 7, 6), False), ((2, 1, 6, 5), (3, 6, 4), True)]:
         a, b = randn(*a_shape), randn(*b_shape)
         ta, tb = tg.Tensor(a, requires_grad=True), tg.Tensor(b, requires_grad=True)

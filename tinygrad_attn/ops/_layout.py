@@ -26,7 +26,8 @@ def float_dtype(op, *arrays):
 def as_rows(x, dtype=None):
     """x as a C-contiguous (rows, n) array, n = its last axis (a 0-d array is one row of one)."""
     n = x.shape[-1] if x.ndim else 1
-    return np.ascontiguousarray(x, dtype=dtype).reshape(-1, n)
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))  # not -1: n may be 0
+    return np.ascontiguousarray(x, dtype=dtype).reshape(rows, n)
 
 
 def run_rows(kernel, n_rows, row_cost, *args):
@@ -44,15 +45,48 @@ def batch_index(part_shape, full_shape):
         np.broadcast_to(np.arange(size, dtype=np.int64).reshape(part_shape), full_shape)).reshape(-1)
 
 
-def matrix_stack(x):
-    """x (..., m, k) as a C-contiguous stack (count, rows, cols) plus a flag
-    telling whether the stack holds the transposes (x^T stored, as for a
-    swapaxes(-1, -2) view of a contiguous array). Copies only when neither
-    x nor its transpose is contiguous."""
-    m, k = x.shape[-2:]
-    if x.flags.c_contiguous:
-        return x.reshape(-1, m, k), False
-    xt = np.swapaxes(x, -1, -2)
-    if xt.flags.c_contiguous:
-        return xt.reshape(-1, k, m), True
-    return np.ascontiguousarray(x).reshape(-1, m, k), False
+def as_matrices(x, batch, allow_transposed=False):
+    """The matrices x[..., :, :] as BLAS sees them, without copying when possible.
+
+    Returns (buffer, offsets, ld, transposed): `buffer` is a 1-D view of x's
+    memory from its first element; matrix i of the flattened `batch` (x's
+    batch axes broadcast to it: a broadcast axis just has stride 0) starts
+    at buffer[offsets[i]] and has row stride `ld`. With `transposed` the
+    stored matrices are x's transposes (x's columns are contiguous, as in a
+    swapaxes(-1, -2) view); only if `allow_transposed`. x is copied to C
+    order when neither fits, or a stride is negative.
+    """
+    item = x.itemsize
+    r, c = x.shape[-2:]
+    strides = x.strides
+    regular = all(s >= 0 and s % item == 0 for s in strides)
+    rows_ok = (c == 1 or strides[-1] == item) and (r == 1 or strides[-2] >= c * item)
+    cols_ok = (r == 1 or strides[-2] == item) and (c == 1 or strides[-1] >= r * item)
+    transposed = False
+    if regular and rows_ok:
+        ld = strides[-2] // item if r > 1 else c
+    elif regular and allow_transposed and cols_ok:
+        transposed, ld = True, (strides[-1] // item if c > 1 else r)
+    else:
+        x = np.ascontiguousarray(x)
+        strides, ld = x.strides, c
+    offsets = np.zeros(x.shape[:-2], np.int64)
+    for axis, (size, stride) in enumerate(zip(x.shape[:-2], strides[:-2])):
+        if size > 1:
+            offsets += (np.arange(size, dtype=np.int64) * (stride // item)).reshape(
+                (-1,) + (1,) * (x.ndim - 3 - axis))
+    offsets = np.ascontiguousarray(np.broadcast_to(offsets, batch)).reshape(-1)
+    span = 1 + sum((size - 1) * (stride // item) for size, stride in zip(x.shape, strides)) if x.size else 0
+    buffer = np.lib.stride_tricks.as_strided(x, (span,), (item,))
+    return buffer, offsets, ld, transposed
+
+
+def output_like(x, shape, dtype):
+    """An empty array of `shape` laid out in memory like x (a permuted view
+    gives a permuted result, so permuting back is free), if its rows are
+    contiguous; else C-ordered."""
+    out = np.empty_like(x, dtype=dtype, shape=shape)
+    r, c = shape[-2:]
+    if (c == 1 or out.strides[-1] == out.itemsize) and (r == 1 or out.strides[-2] >= c * out.itemsize):
+        return out
+    return np.empty(shape, dtype)

@@ -13,12 +13,13 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import as_rows, batch_index, float_dtype, run_rows
+from ._layout import as_matrices, as_rows, batch_index, float_dtype, output_like, run_rows
 from .dropout import draw_key, keep_rule
+from .matmul import stack_product
 
 
 class _Plan:
-    """Shapes, dtype, contiguous stacks and batch index maps for one attention call."""
+    """Shapes, dtype and the BLAS view of Q, K, V (no copies) for one attention call."""
 
     def __init__(self, op, q, k, v, mask, value_batch=()):
         """`v` may be None (for the weights alone; `value_batch` then gives its batch shape)."""
@@ -37,12 +38,10 @@ class _Plan:
             broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
         self.batch = broadcast_shapes(f"{op} (batch dimensions)", *(a.shape[:-2] for a in operands),
                                       mask_batch, value_batch)
-        self.q, self.k, self.v = (None if a is None else
-                                  np.ascontiguousarray(a, self.dtype).reshape((-1,) + a.shape[-2:])
-                                  for a in (q, k, v))
-        self.iq, self.ik, self.iv = (None if a is None else batch_index(a.shape[:-2], self.batch)
-                                     for a in (q, k, v))
-        self.n = len(self.iq)
+        self.n = int(np.prod(self.batch, dtype=np.int64))
+        self.inputs = [a.astype(self.dtype, copy=False) for a in operands]
+        self.q, self.k = (self.blas(a) for a in self.inputs[:2])
+        self.v = self.blas(self.inputs[2]) if v is not None else None
         if mask is None:
             self.mask, self.im = np.zeros((1, 1, 1), self.dtype), np.zeros(self.n, np.int64)
         else:
@@ -54,13 +53,21 @@ class _Plan:
             self.mask = np.ascontiguousarray(additive).reshape(-1, self.L, self.S)
             self.im = batch_index(mask_batch, self.batch)
 
-    def shaped(self, array):
-        """A (n, rows, cols) result with the batch axes restored."""
-        return array.reshape(self.batch + array.shape[1:])
+    def blas(self, x):
+        """(buffer, offsets, row stride) of x's matrices over the full batch (see as_matrices)."""
+        return as_matrices(x, self.batch)[:3]
+
+    def output(self, like, rows, cols):
+        """An output (batch..., rows, cols): laid out like `like` when that has the full batch
+        (a permuted view in gives a permuted result out), else C-ordered and full-batch."""
+        shape = self.batch + (rows, cols)
+        if like.shape[:-2] == self.batch:
+            return output_like(like, shape, self.dtype)
+        return np.empty(shape, self.dtype)
 
 
 def _runs_per_thread(plan):
-    # one (batch, head) matrix is ~L*S*(E+Ev) multiply-adds: worth a thread on its own
+    # one (batch, head) matrix is ~L*S*(E+Ev) multiply-adds: often worth a thread on its own
     return max(1, (1 << 15) // max(1, plan.L * plan.S * (plan.E + plan.Ev)))
 
 
@@ -84,40 +91,41 @@ class ScaledDotProductAttention(Function):
     def forward(ctx, q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=None):
         plan = _Plan("scaled_dot_product_attention", q, k, v, attn_mask)
         dtype = plan.dtype
-        scale = dtype.type(1 / math.sqrt(plan.E) if scale is None else scale)
+        scale = dtype.type((1 / math.sqrt(plan.E) if plan.E else 1.0) if scale is None else scale)
         threshold, keep_scale, key = np.uint32(0), dtype.type(1), np.uint32(0)  # no dropout
         if dropout_p:
             threshold, keep_scale = keep_rule(dropout_p, dtype)
             key = draw_key() if seed is None else np.uint32(seed)
-        out = np.zeros((plan.n, plan.L, plan.Ev), dtype)
-        weights = np.zeros((plan.n, plan.L, plan.S), dtype)
-        if out.size and plan.S:
-            kernels.parallel_for(kernels.attention_forward, plan.n, plan.q, plan.k, plan.v, plan.iq,
-                                 plan.ik, plan.iv, plan.mask, plan.im, attn_mask is not None,
-                                 bool(is_causal), scale, key, threshold, keep_scale, out, weights,
+        out = plan.output(q, plan.L, plan.Ev)
+        weights = np.empty((plan.n, plan.L, plan.S), dtype)
+        if plan.n and plan.L:
+            kernels.parallel_for(kernels.attention_forward, plan.n, *plan.q, *plan.k, *plan.v, plan.E,
+                                 plan.Ev, plan.mask, plan.im, attn_mask is not None, bool(is_causal),
+                                 scale, key, threshold, keep_scale, weights, *plan.blas(out),
                                  min_items=_runs_per_thread(plan))
         ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
-        ctx.weights = plan.shaped(weights)
+        ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
         ctx.save_for_backward(weights)
-        return plan.shaped(out)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         weights, = ctx.saved_tensors
         plan = ctx.plan
-        g = np.ascontiguousarray(grad, plan.dtype).reshape(plan.n, plan.L, plan.Ev)
-        dq = np.zeros((plan.n, plan.L, plan.E), plan.dtype)
-        dk = np.zeros((plan.n, plan.S, plan.E), plan.dtype)
-        dv = np.zeros((plan.n, plan.S, plan.Ev), plan.dtype)
+        q, k, v = plan.inputs
+        dq, dk, dv = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E), plan.output(v, plan.S, plan.Ev)
         want_dmask = len(ctx.needs_input_grad) > 3 and ctx.needs_input_grad[3]
         dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
-        if g.size and plan.S:
-            kernels.parallel_for(kernels.attention_backward, plan.n, plan.q, plan.k, plan.v, plan.iq,
-                                 plan.ik, plan.iv, weights, g, ctx.scale, *ctx.dropout, dq, dk, dv,
+        if plan.n and plan.L:
+            kernels.parallel_for(kernels.attention_backward, plan.n, *plan.q, *plan.k, *plan.v, plan.E,
+                                 plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
+                                 ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
                                  dmask, want_dmask, min_items=_runs_per_thread(plan))
-        grads = (plan.shaped(dq), plan.shaped(dk), plan.shaped(dv))
+        else:
+            dk[...], dv[...] = 0, 0  # no query: nothing flows back
+        grads = (dq, dk, dv)
         if len(ctx.needs_input_grad) > 3:
-            grads += (plan.shaped(dmask) if want_dmask else None,)
+            grads += (dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None,)
         return grads
 
 
@@ -141,7 +149,7 @@ class AttentionWeights(Function):
                              f"{None if weights is None else weights.shape} do not fit query {q.shape} "
                              f"and key {k.shape}")
         ctx.plan = plan
-        ctx.scale = plan.dtype.type(1 / math.sqrt(plan.E) if scale is None else scale)
+        ctx.scale = plan.dtype.type((1 / math.sqrt(plan.E) if plan.E else 1.0) if scale is None else scale)
         weights = np.ascontiguousarray(weights, plan.dtype)
         ctx.save_for_backward(weights)
         return weights
@@ -155,19 +163,11 @@ class AttentionWeights(Function):
         if ds.size:
             run_rows(kernels.softmax_backward, p2.shape[0], 4 * plan.S, p2, as_rows(grad, plan.dtype), ds,
                      False)
-        ds = ds.reshape(plan.n, plan.L, plan.S)
-        identity = np.arange(plan.n, dtype=np.int64)
-        dq = np.empty((plan.n, plan.L, plan.E), plan.dtype)
-        dk = np.empty((plan.n, plan.S, plan.E), plan.dtype)
-        if dq.size:
-            kernels.parallel_for(kernels.batched_matmul, plan.n, ds, plan.k, identity, plan.ik, False,
-                                 False, dq)
-            dq *= ctx.scale
-        if dk.size:
-            kernels.parallel_for(kernels.batched_matmul, plan.n, ds, plan.q, identity, plan.iq, True,
-                                 False, dk)
-            dk *= ctx.scale
-        grads = (plan.shaped(dq), plan.shaped(dk))
+        ds = ds.reshape(plan.batch + (plan.L, plan.S))
+        dsm = plan.blas(ds)
+        dq = stack_product(dsm, False, plan.k, False, plan.batch, plan.L, plan.E, plan.S, plan.dtype)
+        dk = stack_product(dsm, True, plan.q, False, plan.batch, plan.S, plan.E, plan.L, plan.dtype)
+        grads = (dq * ctx.scale, dk * ctx.scale)
         if len(ctx.needs_input_grad) > 2:
-            grads += (plan.shaped(ds) if ctx.needs_input_grad[2] else None,)
+            grads += (ds if ctx.needs_input_grad[2] else None,)
         return grads

@@ -2,17 +2,17 @@
 
 Products of two matrices go to BLAS through numpy. Stacks of matrices go
 to the `batched_matmul` kernel: numpy would run them one after another on
-one core, the kernel spreads the batch over threads, reads transposed
-views (K^T) in place instead of copying them, and broadcasts batch axes
-with index maps. A stack times a single matrix is one big product:
-(..., n, k) @ (k, m) is computed as (rows, k) @ (k, m).
+one core, the kernel spreads the batch over threads and reads permuted,
+transposed (K^T) and broadcast operands where they are instead of copying
+them. A stack times a single matrix is one big product: (..., n, k) @
+(k, m) is computed as (rows, k) @ (k, m).
 """
 import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import batch_index, matrix_stack
+from ._layout import as_matrices
 
 
 def check_matmul_shapes(a_shape, b_shape):
@@ -33,30 +33,21 @@ def _flat_rows(x):
     return x.reshape(-1, x.shape[-1])
 
 
-class _Stacks:
-    """a @ b for stacks of matrices: storage, transpose flags and batch index maps."""
+def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype):
+    """The stack op(A_i) @ op(B_i), i over the flattened `batch`, shaped batch + (m, n).
 
-    def __init__(self, a, b):
-        self.batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
-        self.dtype = np.result_type(a, b)
-        self.a, self.ta = matrix_stack(a.astype(self.dtype, copy=False))
-        self.b, self.tb = matrix_stack(b.astype(self.dtype, copy=False))
-        self.ia, self.ib = batch_index(a.shape[:-2], self.batch), batch_index(b.shape[:-2], self.batch)
-        self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
-
-    def product(self, x, y, ix, iy, tx, ty, rows, cols):
-        """The stack op(x[ix[i]]) @ op(y[iy[i]]), shaped batch + (rows, cols)."""
-        out = np.empty((len(ix), rows, cols), self.dtype)
-        inner = x.shape[1] if tx else x.shape[2]
-        if out.size and inner == 0:
-            out[...] = 0
-        elif out.size:
-            flops = rows * cols * inner
-            # Large products: one at a time, BLAS threads each. Small ones: threads share the batch.
-            per_range = len(ix) if flops >= 1 << 21 else max(1, (1 << 16) // max(1, flops))
-            kernels.parallel_for(kernels.batched_matmul, len(ix), x, y, ix, iy, tx, ty, out,
-                                 min_items=per_range)
-        return out.reshape(self.batch + (rows, cols))
+    a and b are (buffer, offsets, row stride) triples from `as_matrices`;
+    op transposes when flagged. Small products share the batch across
+    threads; large ones (where BLAS threads each product) run one by one.
+    """
+    count = int(np.prod(batch, dtype=np.int64))
+    out = np.empty((count, m, n), dtype)
+    if out.size:
+        flops = m * n * k
+        per_range = count if flops >= 1 << 21 else max(1, (1 << 16) // max(1, flops))
+        kernels.parallel_for(kernels.batched_matmul, count, *a, trans_a, *b, trans_b, m, n, k, out,
+                             min_items=per_range)
+    return out.reshape(tuple(batch) + (m, n))
 
 
 class MatMul(Function):
@@ -77,8 +68,13 @@ class MatMul(Function):
             return (_flat_rows(a) @ b).reshape(a.shape[:-1] + (b.shape[1],))
         if a.ndim >= 2 and b.ndim >= 2 and max(a.ndim, b.ndim) >= 3:
             ctx.kind = "stacks"
-            s = ctx.stacks = _Stacks(a, b)
-            return s.product(s.a, s.b, s.ia, s.ib, s.ta, s.tb, s.m, s.n)
+            ctx.batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
+            ctx.dtype = np.result_type(a, b)
+            a, b = a.astype(ctx.dtype, copy=False), b.astype(ctx.dtype, copy=False)
+            *ctx.a, ctx.ta = as_matrices(a, ctx.batch, allow_transposed=True)
+            *ctx.b, ctx.tb = as_matrices(b, ctx.batch, allow_transposed=True)
+            m, k = a.shape[-2:]
+            return stack_product(ctx.a, ctx.ta, ctx.b, ctx.tb, ctx.batch, m, b.shape[-1], k, ctx.dtype)
         return np.matmul(a, b)
 
     @staticmethod
@@ -90,12 +86,11 @@ class MatMul(Function):
             return ((g @ b.T).reshape(a.shape) if need_a else None,
                     _flat_rows(a).T @ g if need_b else None)
         if ctx.kind == "stacks":
-            s = ctx.stacks
-            g, tg = matrix_stack(grad.astype(s.dtype, copy=False))
-            ig = np.arange(len(s.ia), dtype=np.int64)
+            (m, k), n = a.shape[-2:], b.shape[-1]
+            *g, tg = as_matrices(grad.astype(ctx.dtype, copy=False), ctx.batch, allow_transposed=True)
             # dA = G B^T: B^T is b's storage with the flag flipped; dB = A^T G likewise.
-            return (s.product(g, s.b, ig, s.ib, tg, not s.tb, s.m, s.k) if need_a else None,
-                    s.product(s.a, g, s.ia, ig, not s.ta, tg, s.k, s.n) if need_b else None)
+            return (stack_product(g, tg, ctx.b, not ctx.tb, ctx.batch, m, k, n, ctx.dtype) if need_a else None,
+                    stack_product(ctx.a, not ctx.ta, g, tg, ctx.batch, k, n, m, ctx.dtype) if need_b else None)
         if a.ndim == 1 and b.ndim == 1:  # dot product: z is a scalar
             return grad * b, grad * a
         a2 = a[None, :] if a.ndim == 1 else a

@@ -20,10 +20,13 @@ Backward, with dO = dL/dO (P is saved by forward):
     dS = P * (dP - rowsum(P * dP))       gradient w.r.t. the masked scores
     dQ = scale * dS K,   dK = scale * dS^T Q
 
-Batch broadcasting uses index maps (Q index iq[i], and so on); gradients
-are written per batch index and summed over broadcast axes by the caller.
-The dropout mask is regenerated from (key, element index of P), the same
-stream `dropout_apply` would use on P.
+Q, K, V, O and the gradients are read and written where they are: matrix
+i of q starts at q[q_off[i]] with row stride q_ld, so the heads of a
+(B, T, H, E) array, seen as (B, H, T, E), need no copy, and broadcast batch
+axes are repeated offsets (their gradients are written per batch index and
+summed by the caller). P is a C-ordered (n, L, S) array. The dropout mask
+is regenerated from (key, element index of P), the same stream
+`dropout_apply` would use on P.
 """
 import numpy as np
 from numba import njit
@@ -45,8 +48,8 @@ def _masked_softmax_rows(p, mask, use_mask, causal):
             mr = mask[r]
             for c in range(stop):
                 row[c] += mr[c]
-        m = max_of(row[:stop])
-        if m == -np.inf:  # every key masked
+        m = max_of(row[:stop]) if stop else -np.inf
+        if m == -np.inf:  # every key masked (or no key at all)
             stop = 0
         else:
             inv = one / store_exp(row[:stop], m, row[:stop])
@@ -68,44 +71,54 @@ def _times_dropout(src, dst, base, key, threshold, keep_scale):
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
-def attention_forward(q, k, v, iq, ik, iv, mask, im, use_mask, causal, scale,
-                      key, threshold, keep_scale, out, weights, start, stop):
-    """For batch indices [start, stop): weights[i] = P (L, S) and out[i] = (P * D) V (L, Ev).
+def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
+                      causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
+                      start, stop):
+    """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev).
 
     Dropout is on when keep_scale != 1 (keep_scale = 1 / (1 - p)).
     """
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
-    dropped = np.empty((L, S), weights.dtype) if keep_scale != 1 else weights[0]  # this thread's buffer
+    p_flat = weights.reshape(weights.size)
+    dropped = np.empty((L, S) if keep_scale != 1 else (0, 0), weights.dtype)  # this thread's buffer
     for i in range(start, stop):
-        p = weights[i]
-        gemm(False, True, scale, q[iq[i]], k[ik[i]], zero, p)  # scale * Q K^T
-        _masked_softmax_rows(p, mask[im[i]], use_mask, causal)
+        gemm(False, True, L, S, E, scale, q[q_off[i]:], q_ld, k[k_off[i]:], k_ld,
+             zero, p_flat[i * L * S:], S)  # scale * Q K^T
+        _masked_softmax_rows(weights[i], mask[im[i]], use_mask, causal)
         if keep_scale != 1:
-            _times_dropout(p, dropped, i * L * S, key, threshold, keep_scale)
-            gemm(False, False, one, dropped, v[iv[i]], zero, out[i])
+            _times_dropout(weights[i], dropped, i * L * S, key, threshold, keep_scale)
+            gemm(False, False, L, Ev, S, one, dropped.reshape(L * S), S, v[v_off[i]:], v_ld,
+                 zero, out[out_off[i]:], out_ld)
         else:
-            gemm(False, False, one, p, v[iv[i]], zero, out[i])
+            gemm(False, False, L, Ev, S, one, p_flat[i * L * S:], S, v[v_off[i]:], v_ld,
+                 zero, out[out_off[i]:], out_ld)
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
-def attention_backward(q, k, v, iq, ik, iv, weights, grad_out, scale, key, threshold, keep_scale,
-                       dq, dk, dv, dscores, want_dscores, start, stop):
-    """For batch indices [start, stop): dq, dk, dv and, if asked, dscores (dL/d masked scores)."""
+def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
+                       grad, g_off, g_ld, scale, key, threshold, keep_scale,
+                       dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
+                       dscores, want_dscores, start, stop):
+    """For batch indices [start, stop): dQ_i, dK_i, dV_i and, if asked, dscores[i] (dL/d masked scores)."""
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
+    p_flat = weights.reshape(weights.size)
     dp = np.empty((L, S), weights.dtype)  # this thread's own buffers
-    dropped = np.empty((L, S), weights.dtype) if keep_scale != 1 else dp
+    dp_flat = dp.reshape(L * S)
+    dropped = np.empty((L, S) if keep_scale != 1 else (0, 0), weights.dtype)
     for i in range(start, stop):
-        p, go = weights[i], grad_out[i]
-        gemm(False, True, one, go, v[iv[i]], zero, dp)  # dL/d(P * D)
-        if keep_scale != 1:
+        p = weights[i]
+        gemm(False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp_flat, S)
+        if keep_scale != 1:  # dP = (G V^T) * D, dV = (P * D)^T G
             _times_dropout(p, dropped, i * L * S, key, threshold, keep_scale)
             _times_dropout(dp, dp, i * L * S, key, threshold, keep_scale)
-            gemm(True, False, one, dropped, go, zero, dv[i])
+            gemm(True, False, S, Ev, L, one, dropped.reshape(L * S), S, grad[g_off[i]:], g_ld,
+                 zero, dv[dv_off[i]:], dv_ld)
         else:
-            gemm(True, False, one, p, go, zero, dv[i])
-        for r in range(L):
+            gemm(True, False, S, Ev, L, one, p_flat[i * L * S:], S, grad[g_off[i]:], g_ld,
+                 zero, dv[dv_off[i]:], dv_ld)
+        for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
             pr, dr = p[r], dp[r]
             s = dot(pr, dr)
             for c in range(S):
@@ -114,5 +127,5 @@ def attention_backward(q, k, v, iq, ik, iv, weights, grad_out, scale, key, thres
                 ds = dscores[i, r]
                 for c in range(S):  # an explicit loop: array assignment compiles slowly
                     ds[c] = dr[c]
-        gemm(False, False, scale, dp, k[ik[i]], zero, dq[i])
-        gemm(True, False, scale, dp, q[iq[i]], zero, dk[i])
+        gemm(False, False, L, E, S, scale, dp_flat, S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
+        gemm(True, False, S, E, L, scale, dp_flat, S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)

@@ -1,20 +1,23 @@
-"""`gemm`: BLAS matrix multiply callable from kernels, for row-major 2-D views.
+"""`gemm`: the BLAS matrix product, callable from kernels on strided matrices.
 
-    gemm(trans_a, trans_b, alpha, a, b, beta, c):   c = alpha * op(a) @ op(b) + beta * c
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    computes  C = alpha * op(A) @ op(B) + beta * C,  C of shape (m, n)
 
-op(x) is x or x^T as flagged. Each operand needs contiguous rows (unit
-stride along its last axis) but may have any row stride, so a slice like
-q[b, :, h, :] of a (B, T, H, E) array can be used in place. Callers check
-the shapes: BLAS trusts them.
+Each matrix is given as a 1-D array starting at its first element plus its
+row stride (ld, in elements); its rows must be contiguous. op(A) is A, or
+A^T when trans_a (then A is stored (k, m)); same for B. So a head's slice
+q[b, :, h, :] of a (B, T, H, E) array is multiplied in place (row stride
+H*E), and K^T is K read transposed: nothing is copied. Callers check the
+shapes: BLAS trusts them.
 
 This is the BLAS routine numba's np.dot calls (scipy's), reached directly:
-np.dot wants contiguous arrays, knows no alpha or beta, and each layout
-costs compile time; here one small function serves every call.
+np.dot wants contiguous 2-D arrays, knows no alpha, beta or row stride, and
+each layout costs compile time; here one small function serves every call.
 
-Row-major to BLAS's column-major: a row-major (m, n) matrix with row
-stride ld is the column-major (n, m) matrix of leading dimension ld, i.e.
-its transpose. So c = op(a) op(b) is computed as c^T = op(b)^T op(a)^T:
-the operands swap places and keep their transpose flags.
+Row-major to BLAS's column-major: a row-major (m, n) matrix with row stride
+ld is the column-major (n, m) matrix of leading dimension ld, i.e. its
+transpose. So C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the
+operands swap places and keep their transpose flags.
 """
 from numba import types
 from numba.core import cgutils
@@ -38,27 +41,28 @@ def _pointer_to(typingctx, value):
     return types.CPointer(value)(value), codegen
 
 
-def gemm(trans_a, trans_b, alpha, a, b, beta, c):
+def gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     """What the compiled version computes (this body only runs outside Numba)."""
-    op_a = a.T if trans_a else a
-    op_b = b.T if trans_b else b
-    c[...] = alpha * (op_a @ op_b) + beta * c
+    import numpy as np
+
+    def matrix(x, rows, cols, ld):
+        return np.lib.stride_tricks.as_strided(x, (rows, cols), (ld * x.itemsize, x.itemsize))
+    op_a = matrix(a, k, m, lda).T if trans_a else matrix(a, m, k, lda)
+    op_b = matrix(b, n, k, ldb).T if trans_b else matrix(b, k, n, ldb)
+    out = matrix(c, m, n, ldc)
+    out[...] = alpha * (op_a @ op_b) + beta * out
 
 
 @overload(gemm)
-def _gemm_overload(trans_a, trans_b, alpha, a, b, beta, c):
+def _gemm_overload(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     if isinstance(trans_a, types.Literal) or isinstance(trans_b, types.Literal):
         return None  # numba retries with plain bools: one compiled version for every call site
     xxgemm = _BLAS().numba_xxgemm(a.dtype)
     kind = ord(get_blas_kind(a.dtype))
     T, N = ord("t"), ord("n")
 
-    def impl(trans_a, trans_b, alpha, a, b, beta, c):
-        m, n = c.shape
-        k = a.shape[0] if trans_a else a.shape[1]
-        size = a.itemsize
+    def impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         # BLAS rejects a leading dimension of 0 (an empty matrix): use at least 1
-        lda, ldb, ldc = a.strides[0] // size, b.strides[0] // size, c.strides[0] // size
         xxgemm(kind, T if trans_b else N, T if trans_a else N, n, m, k,
                _pointer_to(alpha), _data_pointer(b), ldb if ldb > 0 else 1,
                _data_pointer(a), lda if lda > 0 else 1,
