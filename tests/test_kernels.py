@@ -346,6 +346,52 @@ def test_results_are_bit_identical_run_to_run_and_across_thread_counts():
             np.testing.assert_array_equal(x, z)
 
 
+# ------------------------------------------------- float32 stays float32
+
+def _float64_variables(func, signature):
+    """Named (or loop-carried) variables that Numba types float64 in func(signature).
+
+    Type inference only, no code generation: cheap. In a float32 kernel a
+    float64 variable means a Python float literal or an int/float mix
+    promoted the arithmetic, which halves SIMD width (and, in a loop, speed).
+    """
+    from numba.core import compiler, typed_passes
+    from numba.core.registry import cpu_target
+    interp = compiler.run_frontend(func)
+    result = typed_passes.type_inference_stage(cpu_target.typing_context, cpu_target.target_context,
+                                               interp, signature, None)
+    return sorted(name for name, ty in result.typemap.items()
+                  if "float64" in str(ty) and (not name.startswith("$") or name.startswith("$phi")))
+
+
+def test_float32_kernels_compute_in_float32():
+    from numba import types
+
+    from tinygrad_attn.ops.kernels import attention as A
+    from tinygrad_attn.ops.kernels import layernorm as LN
+    from tinygrad_attn.ops.kernels import reductions as Rd
+    _every_kernel(threads.get_num_threads())  # gives each kernel its float32 signature
+    f32 = types.float32
+    row, matrix = types.Array(f32, 1, "C"), types.Array(f32, 2, "C")
+    helpers = {
+        mathx._exp32: (f32,),
+        A._masked_softmax_rows: (matrix, matrix, types.boolean, types.boolean),
+        A._times_dropout: (matrix, matrix, types.int64, types.uint32, types.uint32, f32),
+        LN._sums_for_dx: (row, row, row, f32, f32),
+        Rd.max_of: (row,), Rd.sum_of: (row,), Rd.dot: (row, row), Rd.sum_sq_centered: (row, f32),
+        Rd.sum_exp: (row, f32), Rd.store_exp: (row, f32, row),
+    }
+    checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
+    for name in ("softmax_forward", "softmax_backward", "layer_norm_forward", "layer_norm_backward",
+                 "cross_entropy_forward", "cross_entropy_backward", "dropout_apply", "attention_forward",
+                 "attention_backward", "batched_matmul"):
+        kernel = getattr(kernels, name)
+        sig = next(s for s in kernel.signatures if s[0].dtype == types.float32)
+        checked.append((kernel.py_func, sig))
+    for func, sig in checked:
+        assert _float64_variables(func, sig) == [], func.__name__
+
+
 # ------------------------------------------------------------------- errors
 
 def test_bad_inputs_raise_errors_naming_the_op_and_shapes():

@@ -32,15 +32,16 @@ import numpy as np
 from numba import njit
 
 from .blas import gemm
-from .mathx import uniform_bits
-from .reductions import KERNEL_FASTMATH, dot, max_of, store_exp
+from .mathx import exp, uniform_bits
+from .reductions import KERNEL_FASTMATH, SUM_FASTMATH, dot
 
 
-@njit(fastmath=KERNEL_FASTMATH)
+@njit(fastmath=SUM_FASTMATH)  # safe to reorder here: sums, and exp of one difference
 def _masked_softmax_rows(p, mask, use_mask, causal):
     """P = softmax(P + mask) row by row, in place; rows with no key left become 0."""
     L, S = p.shape
     zero, one = p.dtype.type(0), p.dtype.type(1)
+    minus_inf = p.dtype.type(-np.inf)  # not -np.inf: a float64 m would make the exps float64
     for r in range(L):
         row = p[r]
         stop = (r + 1 if r + 1 < S else S) if causal else S  # causal: query r sees keys 0..r
@@ -48,13 +49,19 @@ def _masked_softmax_rows(p, mask, use_mask, causal):
             mr = mask[r]
             for c in range(stop):
                 row[c] += mr[c]
-        m = max_of(row[:stop]) if stop else -np.inf
-        if m == -np.inf:  # every key masked (or no key at all)
+        m = minus_inf
+        for c in range(stop):
+            m = row[c] if row[c] > m else m
+        if m == minus_inf:  # every key masked: the row is 0
             stop = 0
-        else:
-            inv = one / store_exp(row[:stop], m, row[:stop])
-            for c in range(stop):
-                row[c] *= inv
+        total = zero
+        for c in range(stop):
+            e = exp(row[c] - m)
+            row[c] = e
+            total += e
+        inv = one / total if stop else zero
+        for c in range(stop):
+            row[c] *= inv
         for c in range(stop, S):
             row[c] = zero
 
@@ -63,7 +70,7 @@ def _masked_softmax_rows(p, mask, use_mask, causal):
 def _times_dropout(src, dst, base, key, threshold, keep_scale):
     """dst = src * D for one (L, S) matrix whose first element has index `base` in P."""
     L, S = src.shape
-    dropped = keep_scale * 0
+    dropped = src.dtype.type(0)  # not keep_scale * 0: float32 * int is float64 in numba
     for r in range(L):
         for c in range(S):
             keep = uniform_bits(key, base + r * S + c) >= threshold
