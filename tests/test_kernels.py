@@ -233,6 +233,17 @@ def test_query_with_no_allowed_key_gets_zero_output_and_zero_gradient():
     assert np.isfinite(k.grad.data).all() and np.isfinite(v.grad.data).all()
 
 
+def test_multihead_attention_query_with_every_key_blocked_gives_the_output_bias():
+    from tinygrad_attn import nn
+    tg.manual_seed(0)
+    mha = nn.MultiHeadAttention(8, 2)
+    mha.out_proj.bias.data[:] = np.arange(8, dtype=np.float32)
+    blocked = np.zeros((3, 3), bool)
+    blocked[1] = True  # nn's convention: True = may NOT attend
+    out, _ = mha(tg.randn(2, 3, 8), tg.randn(2, 3, 8), tg.randn(2, 3, 8), attn_mask=blocked)
+    np.testing.assert_allclose(out.data[:, 1], np.broadcast_to(np.arange(8.0), (2, 8)))
+
+
 def test_attention_matches_pytorch():
     torch = pytest.importorskip("torch")
     q, k, v = randn(2, 3, 5, 4), randn(2, 3, 7, 4), randn(2, 3, 7, 6)
