@@ -33,7 +33,7 @@ from numba import njit
 
 from .blas import gemm
 from .mathx import exp, uniform_bits
-from .reductions import KERNEL_FASTMATH, SUM_FASTMATH, dot
+from .reductions import KERNEL_FASTMATH, SUM_FASTMATH
 
 
 @njit(fastmath=SUM_FASTMATH)  # safe to reorder here: sums, and exp of one difference
@@ -102,7 +102,7 @@ def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mas
                  zero, out[out_off[i]:], out_ld)
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
 def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
                        grad, g_off, g_ld, scale, key, threshold, keep_scale,
                        dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
@@ -127,7 +127,9 @@ def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, we
                  zero, dv[dv_off[i]:], dv_ld)
         for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
             pr, dr = p[r], dp[r]
-            s = dot(pr, dr)
+            s = zero
+            for c in range(S):
+                s += pr[c] * dr[c]
             for c in range(S):
                 dr[c] = pr[c] * (dr[c] - s)
             if want_dscores:

@@ -9,7 +9,9 @@ recomputes xhat on the fly. With gw = g * w,
     dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
     dw = sum over rows of g * xhat,   db = sum over rows of g
 
-Each row is one cache-resident pass. Backward works on fixed blocks of
+Each row is one cache-resident pass. The kernels may reorder their sums
+(fast-math 'reassoc', see reductions.py): nothing here cancels
+catastrophically. Backward works on fixed blocks of
 rows: each block adds its rows' dw and db into its own partial sums, which
 the caller adds in block order, so the result does not depend on how the
 blocks are shared between threads.
@@ -17,18 +19,25 @@ blocks are shared between threads.
 import numpy as np
 from numba import njit
 
-from .reductions import KERNEL_FASTMATH, SUM_FASTMATH, sum_of, sum_sq_centered
+from .reductions import SUM_FASTMATH
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
 def layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
     """out = layer_norm(x) * weight + bias and mean, rstd for rows [start, stop)."""
     n = x.shape[1]
     inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
     for r in range(start, stop):
         xr = x[r]
-        mu = sum_of(xr) * inv_n
-        rs = x.dtype.type(1) / np.sqrt(sum_sq_centered(xr, mu) * inv_n + eps)
+        total = x.dtype.type(0)
+        for j in range(n):
+            total += xr[j]
+        mu = total * inv_n
+        var = x.dtype.type(0)
+        for j in range(n):  # two passes: the variance of centered values does not cancel
+            d = xr[j] - mu
+            var += d * d
+        rs = x.dtype.type(1) / np.sqrt(var * inv_n + eps)
         mean[r] = mu
         rstd[r] = rs
         yr = out[r]
@@ -36,19 +45,7 @@ def layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
             yr[j] = (xr[j] - mu) * rs * weight[j] + bias[j]
 
 
-@njit(fastmath=SUM_FASTMATH)
-def _sums_for_dx(xr, gr, weight, mu, rs):
-    """sum_j gw_j and sum_j gw_j * xhat_j for one row (gw = g * w)."""
-    sum_gw = xr.dtype.type(0)
-    sum_gw_xhat = xr.dtype.type(0)
-    for j in range(xr.shape[0]):
-        gw = gr[j] * weight[j]
-        sum_gw += gw
-        sum_gw_xhat += gw * ((xr[j] - mu) * rs)
-    return sum_gw, sum_gw_xhat
-
-
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
 def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_blocks, block_rows,
                         start, stop):
     """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sums of dw, db."""
@@ -62,7 +59,12 @@ def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_b
         for r in range(blk * block_rows, last if last < rows else rows):
             xr, gr, dr = x[r], grad[r], dx[r]
             mu, rs = mean[r], rstd[r]
-            sum_gw, sum_gw_xhat = _sums_for_dx(xr, gr, weight, mu, rs)
+            sum_gw = x.dtype.type(0)
+            sum_gw_xhat = x.dtype.type(0)
+            for j in range(n):
+                gw = gr[j] * weight[j]
+                sum_gw += gw
+                sum_gw_xhat += gw * ((xr[j] - mu) * rs)
             mean_gw, mean_gw_xhat = sum_gw * inv_n, sum_gw_xhat * inv_n
             for j in range(n):
                 xhat = (xr[j] - mu) * rs

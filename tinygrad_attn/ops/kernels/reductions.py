@@ -1,14 +1,16 @@
-"""Row reductions for the kernels: max, sum, dot, and the sum of exp(x - m).
+"""Fast-math flags, and row reductions (max, sum, dot, sum of exp(x - m)).
 
-They are compiled with the fast-math flag 'reassoc' (LLVM may reorder the
-additions), which lets the loop run in SIMD lanes with several partial sums
-(a plain left-to-right float sum cannot be vectorized). The order is still
-fixed by the compiled code, so results are deterministic.
+A float sum can run in SIMD lanes with several partial sums only if LLVM
+may reorder the additions: the fast-math flag 'reassoc'. The order is
+still fixed by the compiled code, so results are deterministic.
 
-'reassoc' is allowed here and nowhere else: in a kernel body it would let
-LLVM regroup (x - m) - log s into x - (m + log s), and with logits of 1e4
-in float32 m + log s rounds log s away. The kernels themselves use
-KERNEL_FASTMATH, without it.
+But 'reassoc' also lets LLVM regroup (x - m) - log s into x - (m + log s),
+and with logits of 1e4 in float32, m + log s rounds log s away. So kernels
+where such a difference matters (log-softmax, cross-entropy) are compiled
+with KERNEL_FASTMATH, without 'reassoc', and get their sums from the small
+helpers below (SUM_FASTMATH, which contain nothing to regroup). Kernels
+with nothing to fear (softmax, LayerNorm, attention) use SUM_FASTMATH
+throughout.
 """
 from numba import njit
 
@@ -40,16 +42,6 @@ def dot(a, b):
     s = a.dtype.type(0)
     for j in range(a.shape[0]):
         s += a[j] * b[j]
-    return s
-
-
-@njit(fastmath=SUM_FASTMATH)
-def sum_sq_centered(row, mean):
-    """sum_j (row_j - mean)^2, the variance times n."""
-    s = row.dtype.type(0)
-    for j in range(row.shape[0]):
-        d = row[j] - mean
-        s += d * d
     return s
 
 
