@@ -167,6 +167,26 @@ def test_batched_matmul_reads_transposed_views_in_place():
         np.testing.assert_allclose(tb.grad.data, gb, rtol=1e-10)
 
 
+def test_gemm_works_with_numpy_and_with_scipy_blas():
+    from tinygrad_attn.ops.kernels import blas
+    a, b = randn(3, 4, 5, dtype=np.float32), randn(3, 6, 5, dtype=np.float32)
+    a_offsets, b_offsets = np.arange(3, dtype=np.int64) * 20, np.arange(3, dtype=np.int64) * 30
+    for library in (blas.BLAS, np.array(blas._scipy_blas(), np.int64)):  # 64- and 32-bit integers
+        out = np.empty((3, 4, 6), np.float32)
+        kernels.batched_matmul(library, a.reshape(-1), a_offsets, 5, False, b.reshape(-1), b_offsets, 5, True,
+                               4, 6, 5, out, 0, 3)
+        np.testing.assert_allclose(out, a @ b.swapaxes(1, 2), rtol=1e-5)
+
+
+def test_freed_memory_is_kept_unless_disabled(monkeypatch):
+    from tinygrad_attn import _memory
+    monkeypatch.setenv("TINYGRAD_ATTN_KEEP_MEMORY", "0")
+    assert _memory.keep_freed_memory() is False
+    monkeypatch.setenv("TINYGRAD_ATTN_KEEP_MEMORY", "1")
+    import platform
+    assert _memory.keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
 # --------------------------------------------- kernels on larger inputs, float32
 
 def test_float32_kernels_match_numpy_at_transformer_sizes():

@@ -5,6 +5,9 @@ The Numba kernels take C-contiguous float32/float64 arrays of fixed rank
 (rows of a matrix, stacks of matrices); these helpers bring any input to
 that form, copying only when the input's layout requires it.
 """
+import functools
+import math
+
 import numpy as np
 
 from .kernels import parallel_for
@@ -26,7 +29,7 @@ def float_dtype(op, *arrays):
 def as_rows(x, dtype=None):
     """x as a C-contiguous (rows, n) array, n = its last axis (a 0-d array is one row of one)."""
     n = x.shape[-1] if x.ndim else 1
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))  # not -1: n may be 0
+    rows = math.prod(x.shape[:-1])  # not -1: n may be 0
     return np.ascontiguousarray(x, dtype=dtype).reshape(rows, n)
 
 
@@ -38,7 +41,7 @@ def run_rows(kernel, n_rows, row_cost, *args):
 def batch_index(part_shape, full_shape):
     """For each index of the flattened batch `full_shape`, the index into the
     flattened `part_shape` that broadcasts to it (numpy broadcasting rules)."""
-    size = int(np.prod(part_shape, dtype=np.int64))
+    size = math.prod(part_shape)
     if tuple(part_shape) == tuple(full_shape):
         return np.arange(size, dtype=np.int64)
     return np.ascontiguousarray(
@@ -59,7 +62,7 @@ def as_matrices(x, batch, allow_transposed=False):
     item = x.itemsize
     r, c = x.shape[-2:]
     strides = x.strides
-    regular = all(s >= 0 and s % item == 0 for s in strides)
+    regular = min(strides) >= 0 and not any(s % item for s in strides)
     rows_ok = (c == 1 or strides[-1] == item) and (r == 1 or strides[-2] >= c * item)
     cols_ok = (r == 1 or strides[-2] == item) and (c == 1 or strides[-1] >= r * item)
     transposed = False
@@ -70,15 +73,31 @@ def as_matrices(x, batch, allow_transposed=False):
     else:
         x = np.ascontiguousarray(x)
         strides, ld = x.strides, c
-    offsets = np.zeros(x.shape[:-2], np.int64)
-    for axis, (size, stride) in enumerate(zip(x.shape[:-2], strides[:-2])):
+    offsets = _batch_offsets(x.shape[:-2], tuple(s // item for s in strides[:-2]), tuple(batch))
+    return _memory(x), offsets, ld, transposed
+
+
+@functools.lru_cache(maxsize=512)
+def _batch_offsets(shape, strides, batch):
+    """Element offset of each matrix of the flattened `batch`, for batch axes
+    of `shape` and `strides` broadcast to it. Cached: a model reuses a few
+    layouts, and the kernels only read the result."""
+    offsets = np.zeros(shape, np.int64)
+    for axis, (size, stride) in enumerate(zip(shape, strides)):
         if size > 1:
-            offsets += (np.arange(size, dtype=np.int64) * (stride // item)).reshape(
-                (-1,) + (1,) * (x.ndim - 3 - axis))
-    offsets = np.ascontiguousarray(np.broadcast_to(offsets, batch)).reshape(-1)
-    span = 1 + sum((size - 1) * (stride // item) for size, stride in zip(x.shape, strides)) if x.size else 0
-    buffer = np.lib.stride_tricks.as_strided(x, (span,), (item,))
-    return buffer, offsets, ld, transposed
+            offsets += (np.arange(size, dtype=np.int64) * stride).reshape((-1,) + (1,) * (len(shape) - 1 - axis))
+    return np.ascontiguousarray(np.broadcast_to(offsets, batch)).reshape(-1)
+
+
+def _memory(x):
+    """A 1-D view of the memory spanned by x (all strides >= 0), starting at x's first element."""
+    if x.flags.c_contiguous:
+        return x.reshape(-1)
+    dense = x.transpose(sorted(range(x.ndim), key=lambda a: -x.strides[a]))
+    if dense.flags.c_contiguous:  # a permutation of a contiguous array: the usual case
+        return dense.reshape(-1)
+    span = 1 + sum((size - 1) * (stride // x.itemsize) for size, stride in zip(x.shape, x.strides)) if x.size else 0
+    return np.lib.stride_tricks.as_strided(x, (span,), (x.itemsize,))
 
 
 def output_like(x, shape, dtype):

@@ -38,7 +38,7 @@ class _Plan:
             broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
         self.batch = broadcast_shapes(f"{op} (batch dimensions)", *(a.shape[:-2] for a in operands),
                                       mask_batch, value_batch)
-        self.n = int(np.prod(self.batch, dtype=np.int64))
+        self.n = math.prod(self.batch)
         self.inputs = [a.astype(self.dtype, copy=False) for a in operands]
         self.q, self.k = (self.blas(a) for a in self.inputs[:2])
         self.v = self.blas(self.inputs[2]) if v is not None else None
@@ -99,7 +99,7 @@ class ScaledDotProductAttention(Function):
         out = plan.output(q, plan.L, plan.Ev)
         weights = np.empty((plan.n, plan.L, plan.S), dtype)
         if plan.n and plan.L:
-            kernels.parallel_for(kernels.attention_forward, plan.n, *plan.q, *plan.k, *plan.v, plan.E,
+            kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v, plan.E,
                                  plan.Ev, plan.mask, plan.im, attn_mask is not None, bool(is_causal),
                                  scale, key, threshold, keep_scale, weights, *plan.blas(out),
                                  min_items=_runs_per_thread(plan))
@@ -117,7 +117,7 @@ class ScaledDotProductAttention(Function):
         want_dmask = len(ctx.needs_input_grad) > 3 and ctx.needs_input_grad[3]
         dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
         if plan.n and plan.L:
-            kernels.parallel_for(kernels.attention_backward, plan.n, *plan.q, *plan.k, *plan.v, plan.E,
+            kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v, plan.E,
                                  plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
                                  ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
                                  dmask, want_dmask, min_items=_runs_per_thread(plan))

@@ -7,6 +7,8 @@ transposed (K^T) and broadcast operands where they are instead of copying
 them. A stack times a single matrix is one big product: (..., n, k) @
 (k, m) is computed as (rows, k) @ (k, m).
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function
@@ -40,12 +42,12 @@ def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype):
     op transposes when flagged. Small products share the batch across
     threads; large ones (where BLAS threads each product) run one by one.
     """
-    count = int(np.prod(batch, dtype=np.int64))
+    count = math.prod(batch)
     out = np.empty((count, m, n), dtype)
     if out.size:
         flops = m * n * k
         per_range = count if flops >= 1 << 21 else max(1, (1 << 16) // max(1, flops))
-        kernels.parallel_for(kernels.batched_matmul, count, *a, trans_a, *b, trans_b, m, n, k, out,
+        kernels.parallel_for(kernels.batched_matmul, count, kernels.BLAS, *a, trans_a, *b, trans_b, m, n, k, out,
                              min_items=per_range)
     return out.reshape(tuple(batch) + (m, n))
 

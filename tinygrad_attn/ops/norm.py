@@ -7,6 +7,8 @@ one cache-resident pass and saves two numbers per row (mean, 1/std) for
 backward instead of the temporaries. The composite version is
 `tinygrad_attn.reference.layer_norm`.
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function
@@ -34,7 +36,7 @@ class LayerNorm(Function):
             raise ShapeError(f"layer_norm: input of shape {x.shape} with weight {weight.shape} and "
                              f"bias {bias.shape}: weight and bias must have the shape of the last "
                              f"{normalized_ndim} input axes")
-        n = int(np.prod(norm_shape))
+        n = math.prod(norm_shape)
         x2 = np.ascontiguousarray(x).reshape(-1, n)
         w, b = as_rows(weight, dtype).reshape(n), as_rows(bias, dtype).reshape(n)
         y = np.empty_like(x2)

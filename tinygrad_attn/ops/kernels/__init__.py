@@ -24,6 +24,7 @@ from . import setup
 setup.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
 from .attention import attention_backward, attention_forward  # noqa: E402
+from .blas import BLAS, BLAS_NAME  # noqa: E402
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
 from .dropout import dropout_apply  # noqa: E402
 from .layernorm import layer_norm_backward, layer_norm_forward  # noqa: E402

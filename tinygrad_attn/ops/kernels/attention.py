@@ -78,7 +78,7 @@ def _times_dropout(src, dst, base, key, threshold, keep_scale):
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
-def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
+def attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
                       causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
                       start, stop):
     """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev).
@@ -90,20 +90,20 @@ def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mas
     p_flat = weights.reshape(weights.size)
     dropped = np.empty((L, S) if keep_scale != 1 else (0, 0), weights.dtype)  # this thread's buffer
     for i in range(start, stop):
-        gemm(False, True, L, S, E, scale, q[q_off[i]:], q_ld, k[k_off[i]:], k_ld,
+        gemm(blas, False, True, L, S, E, scale, q[q_off[i]:], q_ld, k[k_off[i]:], k_ld,
              zero, p_flat[i * L * S:], S)  # scale * Q K^T
         _masked_softmax_rows(weights[i], mask[im[i]], use_mask, causal)
         if keep_scale != 1:
             _times_dropout(weights[i], dropped, i * L * S, key, threshold, keep_scale)
-            gemm(False, False, L, Ev, S, one, dropped.reshape(L * S), S, v[v_off[i]:], v_ld,
+            gemm(blas, False, False, L, Ev, S, one, dropped.reshape(L * S), S, v[v_off[i]:], v_ld,
                  zero, out[out_off[i]:], out_ld)
         else:
-            gemm(False, False, L, Ev, S, one, p_flat[i * L * S:], S, v[v_off[i]:], v_ld,
+            gemm(blas, False, False, L, Ev, S, one, p_flat[i * L * S:], S, v[v_off[i]:], v_ld,
                  zero, out[out_off[i]:], out_ld)
 
 
 @njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
-def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
+def attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
                        grad, g_off, g_ld, scale, key, threshold, keep_scale,
                        dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
                        dscores, want_dscores, start, stop):
@@ -116,14 +116,14 @@ def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, we
     dropped = np.empty((L, S) if keep_scale != 1 else (0, 0), weights.dtype)
     for i in range(start, stop):
         p = weights[i]
-        gemm(False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp_flat, S)
+        gemm(blas, False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp_flat, S)
         if keep_scale != 1:  # dP = (G V^T) * D, dV = (P * D)^T G
             _times_dropout(p, dropped, i * L * S, key, threshold, keep_scale)
             _times_dropout(dp, dp, i * L * S, key, threshold, keep_scale)
-            gemm(True, False, S, Ev, L, one, dropped.reshape(L * S), S, grad[g_off[i]:], g_ld,
+            gemm(blas, True, False, S, Ev, L, one, dropped.reshape(L * S), S, grad[g_off[i]:], g_ld,
                  zero, dv[dv_off[i]:], dv_ld)
         else:
-            gemm(True, False, S, Ev, L, one, p_flat[i * L * S:], S, grad[g_off[i]:], g_ld,
+            gemm(blas, True, False, S, Ev, L, one, p_flat[i * L * S:], S, grad[g_off[i]:], g_ld,
                  zero, dv[dv_off[i]:], dv_ld)
         for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
             pr, dr = p[r], dp[r]
@@ -136,5 +136,5 @@ def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, we
                 ds = dscores[i, r]
                 for c in range(S):  # an explicit loop: array assignment compiles slowly
                     ds[c] = dr[c]
-        gemm(False, False, L, E, S, scale, dp_flat, S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
-        gemm(True, False, S, E, L, scale, dp_flat, S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)
+        gemm(blas, False, False, L, E, S, scale, dp_flat, S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
+        gemm(blas, True, False, S, E, L, scale, dp_flat, S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)

@@ -16,10 +16,10 @@ from .blas import gemm
 
 
 @njit(nogil=True, cache=True)
-def batched_matmul(a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out, start, stop):
+def batched_matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out, start, stop):
     """out[i] = op(A_i) @ op(B_i) for i in [start, stop); out: (count, m, n) C-ordered."""
     one, zero = out.dtype.type(1), out.dtype.type(0)
     flat = out.reshape(out.size)
     for i in range(start, stop):
-        gemm(trans_a, trans_b, m, n, k, one, a[a_off[i]:], lda, b[b_off[i]:], ldb, zero,
+        gemm(blas, trans_a, trans_b, m, n, k, one, a[a_off[i]:], lda, b[b_off[i]:], ldb, zero,
              flat[i * m * n:], n)
