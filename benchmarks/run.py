@@ -1,6 +1,6 @@
 """Benchmark the fused kernels against plain numpy and PyTorch (CPU, eager).
 
-    PYTHONPATH=. python benchmarks/run.py [--repeat N] [--skip-startup]
+    PYTHONPATH=. python benchmarks/run.py [--repeat N] [--threads N] [--skip-startup]
 
 Prints, for each kernel and shape, the median milliseconds of a forward and
 of a forward+backward call through the public API (Tensor in, Tensor out,
@@ -11,7 +11,9 @@ must not steal the cores BLAS needs); one post-norm Transformer encoder
 layer, forward+backward, against torch.nn.TransformerEncoderLayer; and the
 start-up time (import + first training step) with an empty and with a warm
 Numba cache. Timings on a shared machine are noisy: compare the ratios of
-one run, and check `uptime` first.
+one run, and check `uptime` first. `--threads 1` runs everything (our
+kernels, BLAS, PyTorch) on one thread: slower, but much steadier when other
+processes compete for the cores.
 """
 import argparse
 import os
@@ -20,8 +22,19 @@ import sys
 import tempfile
 import time
 
+PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+PARSER.add_argument("--repeat", type=int, default=30, help="timed calls per measurement")
+PARSER.add_argument("--threads", type=int, default=None, help="threads for kernels, BLAS and PyTorch")
+PARSER.add_argument("--skip-startup", action="store_true", help="skip the start-up measurement")
+ARGS = PARSER.parse_args()
+if ARGS.threads:  # BLAS reads these when it loads, so before numpy is imported
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[name] = str(ARGS.threads)
+
 try:  # before tinygrad_attn, so PyTorch's OpenMP runtime starts with its own defaults
     import torch
+    if ARGS.threads:
+        torch.set_num_threads(ARGS.threads)
 except ImportError:
     torch = None
 
@@ -35,7 +48,7 @@ import tinygrad_attn as tg  # noqa: E402
 from tinygrad_attn import functional as F  # noqa: E402
 from tinygrad_attn import nn  # noqa: E402
 
-REPEAT = 30
+REPEAT = ARGS.repeat
 
 
 def median_ms(fn, repeat=None):
@@ -215,19 +228,14 @@ def startup_table():
 
 
 def main():
-    global REPEAT
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=REPEAT, help="timed calls per measurement")
-    parser.add_argument("--skip-startup", action="store_true", help="skip the start-up measurement")
-    args = parser.parse_args()
-    REPEAT = args.repeat
     print(f"numpy {np.__version__}, torch {torch.__version__ if torch else 'not installed'}, "
           f"{os.cpu_count()} cores, kernel threads {tg.ops.kernels.get_num_threads()}, "
+          f"torch threads {torch.get_num_threads() if torch else '-'}, BLAS {tg.ops.kernels.BLAS_NAME}'s, "
           f"load average {os.getloadavg()[0]:.2f}")
     kernel_tables()
     alternating_table()
     encoder_layer_table()
-    if not args.skip_startup:
+    if not ARGS.skip_startup:
         startup_table()
 
 

@@ -1,4 +1,4 @@
-"""Fast-math flags, and row reductions (max, sum, dot, sum of exp(x - m)).
+"""Fast-math flags, and row reductions (max, sum, sum of exp(x - m)).
 
 A float sum can run in SIMD lanes with several partial sums only if LLVM
 may reorder the additions: the fast-math flag 'reassoc'. The order is
@@ -9,8 +9,8 @@ and with logits of 1e4 in float32, m + log s rounds log s away. So kernels
 where such a difference matters (log-softmax, cross-entropy) are compiled
 with KERNEL_FASTMATH, without 'reassoc', and get their sums from the small
 helpers below (SUM_FASTMATH, which contain nothing to regroup). Kernels
-with nothing to fear (softmax, LayerNorm, attention) use SUM_FASTMATH
-throughout.
+with nothing to fear (LayerNorm, attention) use SUM_FASTMATH throughout;
+softmax too, routing its one risky difference through memory.
 """
 from numba import njit
 
@@ -38,28 +38,9 @@ def sum_of(row):
 
 
 @njit(fastmath=SUM_FASTMATH)
-def dot(a, b):
-    s = a.dtype.type(0)
-    for j in range(a.shape[0]):
-        s += a[j] * b[j]
-    return s
-
-
-@njit(fastmath=SUM_FASTMATH)
 def sum_exp(row, m):
     """sum_j exp(row_j - m)."""
     s = row.dtype.type(0)
     for j in range(row.shape[0]):
         s += exp(row[j] - m)
-    return s
-
-
-@njit(fastmath=SUM_FASTMATH)
-def store_exp(row, m, out):
-    """out_j = exp(row_j - m); returns their sum (out may be row itself)."""
-    s = row.dtype.type(0)
-    for j in range(row.shape[0]):
-        e = exp(row[j] - m)
-        out[j] = e
-        s += e
     return s

@@ -21,36 +21,56 @@ import numpy as np
 from numba import njit
 
 from .mathx import exp
-from .reductions import KERNEL_FASTMATH, dot, max_of, store_exp, sum_exp, sum_of
+from .reductions import SUM_FASTMATH
+
+# SUM_FASTMATH lets LLVM reorder the row sums (see reductions.py). The one
+# difference it must not regroup, (x - m) - log s, goes through memory:
+# x - m is stored first and log s subtracted in a second loop.
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
 def softmax_forward(x, out, log, start, stop):
     """out[r] = softmax(x[r]) (log_softmax if `log`) for rows r in [start, stop)."""
-    one = x.dtype.type(1)
+    n = x.shape[1]
+    one, zero = x.dtype.type(1), x.dtype.type(0)
     for r in range(start, stop):
         xr, yr = x[r], out[r]
-        m = max_of(xr)
+        m = xr[0]
+        for j in range(1, n):
+            m = xr[j] if xr[j] > m else m  # a NaN is skipped here but poisons the sum
+        s = zero
         if log:
-            log_s = np.log(sum_exp(xr, m))
-            for j in range(xr.shape[0]):
-                yr[j] = (xr[j] - m) - log_s
+            for j in range(n):
+                shifted = xr[j] - m
+                yr[j] = shifted
+                s += exp(shifted)
+            log_s = np.log(s)
+            for j in range(n):
+                yr[j] -= log_s
         else:
-            inv = one / store_exp(xr, m, yr)
-            for j in range(xr.shape[0]):
+            for j in range(n):
+                e = exp(xr[j] - m)
+                yr[j] = e
+                s += e
+            inv = one / s
+            for j in range(n):
                 yr[j] *= inv
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
 def softmax_backward(y, grad, out, log, start, stop):
     """out = dL/dx from the forward output y and grad = dL/dy, rows [start, stop)."""
+    n = y.shape[1]
     for r in range(start, stop):
         yr, gr, dr = y[r], grad[r], out[r]
+        s = y.dtype.type(0)
         if log:
-            s = sum_of(gr)
-            for j in range(yr.shape[0]):
+            for j in range(n):
+                s += gr[j]
+            for j in range(n):
                 dr[j] = gr[j] - exp(yr[j]) * s
         else:
-            s = dot(gr, yr)
-            for j in range(yr.shape[0]):
+            for j in range(n):
+                s += gr[j] * yr[j]
+            for j in range(n):
                 dr[j] = yr[j] * (gr[j] - s)
