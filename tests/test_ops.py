@@ -315,8 +315,10 @@ def attention_case(draw):
 @st.composite
 def attention_weights_case(draw):
     q, k, v, mask, causal, scale = draw(attention_inputs())
+
     def fn(q, k):
-        return F.scaled_dot_product_attention(q, k, tg.Tensor(v.astype(q.dtype)), mask, is_causal=causal, scale=scale,
+        value = tg.Tensor(v.astype(q.dtype))
+        return F.scaled_dot_product_attention(q, k, value, mask, is_causal=causal, scale=scale,
                                               need_weights=True)[1]
     return Case(fn, lambda q, k: ref.attention(q, k, v, mask, causal, scale)[1], (q, k))
 

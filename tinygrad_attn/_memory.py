@@ -28,4 +28,5 @@ def keep_freed_memory(mmap_threshold=32 << 20, trim_threshold=256 << 20):
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    applied = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) and mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    return bool(applied)

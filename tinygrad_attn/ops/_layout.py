@@ -1,9 +1,11 @@
-"""Shared plumbing of the fused ops: dtype checks, row views, batch index
-maps, and how much work is worth a thread.
+"""Shared plumbing of the fused ops: dtype checks, row views, the BLAS view
+of stacks of matrices, batch index maps, and how much work is worth a thread.
 
-The Numba kernels take C-contiguous float32/float64 arrays of fixed rank
-(rows of a matrix, stacks of matrices); these helpers bring any input to
-that form, copying only when the input's layout requires it.
+The row kernels take C-contiguous (rows, n) float32/float64 arrays; the
+matrix kernels take each operand as (memory, offset of each matrix, row
+stride), which describes permuted, transposed and broadcast views without
+copying them. These helpers bring any input to one of the two forms,
+copying only when its layout leaves no choice.
 """
 import functools
 import math
@@ -85,7 +87,8 @@ def _batch_offsets(shape, strides, batch):
     offsets = np.zeros(shape, np.int64)
     for axis, (size, stride) in enumerate(zip(shape, strides)):
         if size > 1:
-            offsets += (np.arange(size, dtype=np.int64) * stride).reshape((-1,) + (1,) * (len(shape) - 1 - axis))
+            along_axis = (-1,) + (1,) * (len(shape) - 1 - axis)
+            offsets += (np.arange(size, dtype=np.int64) * stride).reshape(along_axis)
     return np.ascontiguousarray(np.broadcast_to(offsets, batch)).reshape(-1)
 
 
@@ -96,7 +99,8 @@ def _memory(x):
     dense = x.transpose(sorted(range(x.ndim), key=lambda a: -x.strides[a]))
     if dense.flags.c_contiguous:  # a permutation of a contiguous array: the usual case
         return dense.reshape(-1)
-    span = 1 + sum((size - 1) * (stride // x.itemsize) for size, stride in zip(x.shape, x.strides)) if x.size else 0
+    last = sum((size - 1) * (stride // x.itemsize) for size, stride in zip(x.shape, x.strides))
+    span = last + 1 if x.size else 0
     return np.lib.stride_tricks.as_strided(x, (span,), (x.itemsize,))
 
 

@@ -99,8 +99,8 @@ class ScaledDotProductAttention(Function):
         out = plan.output(q, plan.L, plan.Ev)
         weights = np.empty((plan.n, plan.L, plan.S), dtype)
         if plan.n and plan.L:
-            kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v, plan.E,
-                                 plan.Ev, plan.mask, plan.im, attn_mask is not None, bool(is_causal),
+            kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
+                                 plan.E, plan.Ev, plan.mask, plan.im, attn_mask is not None, bool(is_causal),
                                  scale, key, threshold, keep_scale, weights, *plan.blas(out),
                                  min_items=_runs_per_thread(plan))
         ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
@@ -113,12 +113,13 @@ class ScaledDotProductAttention(Function):
         weights, = ctx.saved_tensors
         plan = ctx.plan
         q, k, v = plan.inputs
-        dq, dk, dv = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E), plan.output(v, plan.S, plan.Ev)
+        dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E)
+        dv = plan.output(v, plan.S, plan.Ev)
         want_dmask = len(ctx.needs_input_grad) > 3 and ctx.needs_input_grad[3]
         dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
         if plan.n and plan.L:
-            kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v, plan.E,
-                                 plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
+            kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
+                                 plan.E, plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
                                  ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
                                  dmask, want_dmask, min_items=_runs_per_thread(plan))
         else:

@@ -47,8 +47,8 @@ def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype):
     if out.size:
         flops = m * n * k
         per_range = count if flops >= 1 << 21 else max(1, (1 << 16) // max(1, flops))
-        kernels.parallel_for(kernels.batched_matmul, count, kernels.BLAS, *a, trans_a, *b, trans_b, m, n, k, out,
-                             min_items=per_range)
+        kernels.parallel_for(kernels.batched_matmul, count, kernels.BLAS, *a, trans_a, *b, trans_b, m, n, k,
+                             out, min_items=per_range)
     return out.reshape(tuple(batch) + (m, n))
 
 
@@ -91,8 +91,9 @@ class MatMul(Function):
             (m, k), n = a.shape[-2:], b.shape[-1]
             *g, tg = as_matrices(grad.astype(ctx.dtype, copy=False), ctx.batch, allow_transposed=True)
             # dA = G B^T: B^T is b's storage with the flag flipped; dB = A^T G likewise.
-            return (stack_product(g, tg, ctx.b, not ctx.tb, ctx.batch, m, k, n, ctx.dtype) if need_a else None,
-                    stack_product(ctx.a, not ctx.ta, g, tg, ctx.batch, k, n, m, ctx.dtype) if need_b else None)
+            ga = stack_product(g, tg, ctx.b, not ctx.tb, ctx.batch, m, k, n, ctx.dtype) if need_a else None
+            gb = stack_product(ctx.a, not ctx.ta, g, tg, ctx.batch, k, n, m, ctx.dtype) if need_b else None
+            return ga, gb
         if a.ndim == 1 and b.ndim == 1:  # dot product: z is a scalar
             return grad * b, grad * a
         a2 = a[None, :] if a.ndim == 1 else a
@@ -125,9 +126,10 @@ class Linear(Function):
     def forward(ctx, x, weight, bias=None):
         if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1] or \
                 (bias is not None and bias.shape != (weight.shape[0],)):
+            with_bias = "" if bias is None else f" and a bias of shape {bias.shape}"
             raise ShapeError(f"linear: input of shape {x.shape} does not fit a weight of shape "
-                             f"{weight.shape}" + ("" if bias is None else f" and a bias of shape {bias.shape}")
-                             + " (expected weight (out, in) with in = the input's last dim, bias (out,))")
+                             f"{weight.shape}{with_bias} (expected weight (out, in) with in = the "
+                             "input's last dim, bias (out,))")
         x2 = _flat_rows(x)
         y = x2 @ weight.T
         if bias is not None:

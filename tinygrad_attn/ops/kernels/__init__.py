@@ -4,9 +4,11 @@ Each kernel is a serial `@njit(nogil=True, cache=True)` function over a
 range of items (rows, matrices) given by its last two arguments, writing
 into arrays the caller allocated; `parallel_for` (threads.py) spreads the
 ranges over threads. The ops in `tinygrad_attn/ops/` check shapes,
-allocate and call them. Kernels take C-contiguous float32 or float64 arrays
-(one compiled version per dtype, cached on disk) and are deterministic: the
-same inputs give bit-identical outputs whatever the number of threads.
+allocate and call them. Kernels take float32 or float64 arrays (one
+compiled version per dtype, cached on disk): rows as C-contiguous 2-D
+arrays, matrices for BLAS as (memory, offsets, row stride). They are
+deterministic: the same inputs give bit-identical outputs whatever the
+number of threads.
 
     matmul         batched_matmul
     softmax        softmax_forward, softmax_backward (and log-softmax)
@@ -14,8 +16,11 @@ same inputs give bit-identical outputs whatever the number of threads.
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
-    mathx, blas,   exp, uniform_bits, gemm, max_of, sum_of, ...: helpers compiled
-    reductions     into the kernels (reductions alone may reorder sums)
+    mathx          exp (vectorizable), uniform_bits (the dropout hash)
+    blas           gemm on strided matrices, with numpy's BLAS (BLAS, BLAS_NAME)
+    reductions     fast-math flags; max_of, sum_of, sum_exp
+    threads        parallel_for, get_num_threads, set_num_threads
+    setup          where the compiled kernels are cached
 """
 import os
 

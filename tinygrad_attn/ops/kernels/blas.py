@@ -98,9 +98,10 @@ def _fortran_gemm_intrinsic(int_bits):
                                                  builder.trunc(value, type_) if value.type.width > type_.width
                                                  else builder.sext(value, type_))
             ptr = ir.PointerType
-            fn_t = ir.FunctionType(ir.VoidType(), [ptr(char_t), ptr(char_t), ptr(int_t), ptr(int_t), ptr(int_t),
-                                                   ptr(float_t), ptr(float_t), ptr(int_t), ptr(float_t),
-                                                   ptr(int_t), ptr(float_t), ptr(float_t), ptr(int_t)])
+            fn_t = ir.FunctionType(ir.VoidType(), [
+                ptr(char_t), ptr(char_t), ptr(int_t), ptr(int_t), ptr(int_t),  # transa, transb, m, n, k
+                ptr(float_t), ptr(float_t), ptr(int_t), ptr(float_t), ptr(int_t),  # alpha, a, lda, b, ldb
+                ptr(float_t), ptr(float_t), ptr(int_t)])  # beta, c, ldc
             fn = builder.inttoptr(address, ptr(fn_t))
             builder.call(fn, [by_ref(trans_a, char_t), by_ref(trans_b, char_t), by_ref(m, int_t),
                               by_ref(n, int_t), by_ref(k, int_t), cgutils.alloca_once_value(builder, alpha),

@@ -35,7 +35,8 @@ def cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max
         if t == ignore_index:
             loss[r] = 0
         else:  # l - x = log s - (x - m)
-            loss[r] = (one - smoothing) * (log_s - (xr[t] - m)) + smoothing * (log_s - (total * inv_classes - m))
+            nll = log_s - (xr[t] - m)
+            loss[r] = (one - smoothing) * nll + smoothing * (log_s - (total * inv_classes - m))
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)

@@ -9,7 +9,6 @@ arithmetic (no per-element call into a random number library).
 Dropout is linear in x, so backward is the same call on the gradient with
 the same key. Indices are taken modulo 2^32.
 """
-import numpy as np
 from numba import njit
 
 from .mathx import uniform_bits
