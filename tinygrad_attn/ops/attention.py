@@ -13,7 +13,8 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import as_matrices, as_rows, batch_index, float_dtype, output_like, run_rows
+from ._layout import (WORK_PER_RANGE, as_matrices, as_rows, batch_index, float_dtype, output_like,
+                      run_rows)
 from .dropout import draw_key, keep_rule
 from .matmul import stack_product
 
@@ -68,7 +69,7 @@ class _Plan:
 
 def _runs_per_thread(plan):
     # one (batch, head) matrix is ~L*S*(E+Ev) multiply-adds: often worth a thread on its own
-    return max(1, (1 << 15) // max(1, plan.L * plan.S * (plan.E + plan.Ev)))
+    return max(1, WORK_PER_RANGE // max(1, plan.L * plan.S * (plan.E + plan.Ev)))
 
 
 class ScaledDotProductAttention(Function):
