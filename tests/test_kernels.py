@@ -408,7 +408,7 @@ def test_float32_kernels_compute_in_float32():
     helpers = {
         mathx._exp32: (f32,),
         A._masked_softmax_rows: (matrix, matrix, types.boolean, types.boolean),
-        A._times_dropout: (matrix, matrix, types.int64, types.uint32, types.uint32, f32),
+        A._times_dropout: (matrix, matrix, matrix, types.int64, types.uint32, types.uint32, f32),
         Rd.max_of: (row,), Rd.sum_of: (row,), Rd.sum_exp: (row, f32),
     }
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]

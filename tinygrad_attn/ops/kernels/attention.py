@@ -67,14 +67,17 @@ def _masked_softmax_rows(p, mask, use_mask, causal):
 
 
 @njit(fastmath=KERNEL_FASTMATH)
-def _times_dropout(src, dst, base, key, threshold, keep_scale):
-    """dst = src * D for one (L, S) matrix whose first element has index `base` in P."""
+def _times_dropout(src, dst, also, base, key, threshold, keep_scale):
+    """dst = src * D, and `also` *= D if it is not empty, for one (L, S)
+    matrix whose first element has index `base` in P."""
     L, S = src.shape
     dropped = src.dtype.type(0)  # not keep_scale * 0: float32 * int is float64 in numba
     for r in range(L):
         for c in range(S):
-            keep = uniform_bits(key, base + r * S + c) >= threshold
-            dst[r, c] = src[r, c] * (keep_scale if keep else dropped)
+            factor = keep_scale if uniform_bits(key, base + r * S + c) >= threshold else dropped
+            dst[r, c] = src[r, c] * factor
+            if also.size:
+                also[r, c] *= factor
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
@@ -94,7 +97,7 @@ def attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, E
              zero, p_flat[i * L * S:], S)  # scale * Q K^T
         _masked_softmax_rows(weights[i], mask[im[i]], use_mask, causal)
         if keep_scale != 1:
-            _times_dropout(weights[i], dropped, i * L * S, key, threshold, keep_scale)
+            _times_dropout(weights[i], dropped, dropped[:0], i * L * S, key, threshold, keep_scale)
             gemm(blas, False, False, L, Ev, S, one, dropped.reshape(L * S), S, v[v_off[i]:], v_ld,
                  zero, out[out_off[i]:], out_ld)
         else:
@@ -118,8 +121,7 @@ def attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, 
         p = weights[i]
         gemm(blas, False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp_flat, S)
         if keep_scale != 1:  # dP = (G V^T) * D, dV = (P * D)^T G
-            _times_dropout(p, dropped, i * L * S, key, threshold, keep_scale)
-            _times_dropout(dp, dp, i * L * S, key, threshold, keep_scale)
+            _times_dropout(p, dropped, dp, i * L * S, key, threshold, keep_scale)
             gemm(blas, True, False, S, Ev, L, one, dropped.reshape(L * S), S, grad[g_off[i]:], g_ld,
                  zero, dv[dv_off[i]:], dv_ld)
         else:
