@@ -1,6 +1,6 @@
 """Benchmark the fused kernels against plain numpy and PyTorch (CPU, eager).
 
-    PYTHONPATH=. python benchmarks/run.py [--repeat N] [--threads N] [--skip-startup]
+    PYTHONPATH=. python benchmarks/run.py [--repeat N] [--rounds R] [--threads N] [--skip-startup]
 
 Prints, for each kernel and shape, the median milliseconds of a forward and
 of a forward+backward call through the public API (Tensor in, Tensor out,
@@ -11,7 +11,9 @@ must not steal the cores BLAS needs); one post-norm Transformer encoder
 layer, forward+backward, against torch.nn.TransformerEncoderLayer; and the
 start-up time (import + first training step) with an empty and with a warm
 Numba cache. Timings on a shared machine are noisy: compare the ratios of
-one run, and check `uptime` first. `--threads 1` runs everything (our
+one run, and check `uptime` first. `--rounds R` measures everything R times,
+interleaved, and keeps each one's best median (bursts of load from other
+processes then spoil fewer rows). `--threads 1` runs everything (our
 kernels, BLAS, PyTorch) on one thread: slower, but much steadier when other
 processes compete for the cores.
 """
@@ -24,6 +26,7 @@ import time
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 PARSER.add_argument("--repeat", type=int, default=30, help="timed calls per measurement")
+PARSER.add_argument("--rounds", type=int, default=2, help="rounds per measurement (best median kept)")
 PARSER.add_argument("--threads", type=int, default=None, help="threads for kernels, BLAS and PyTorch")
 PARSER.add_argument("--skip-startup", action="store_true", help="skip the start-up measurement")
 ARGS = PARSER.parse_args()
@@ -92,6 +95,17 @@ def header(title):
           f"{'np/ours':>6s}  {'pt/ours':>6s}")
 
 
+def best_medians(*fns, repeat=None):
+    """Each fn's best median over ARGS.rounds rounds, the fns interleaved (None stays None)."""
+    best = [None] * len(fns)
+    for _ in range(ARGS.rounds):
+        for i, fn in enumerate(fns):
+            if fn is not None:
+                t = median_ms(fn, repeat)
+                best[i] = t if best[i] is None else min(best[i], t)
+    return best
+
+
 def compare(name, shape_text, ours_fn, np_fns, torch_fn, arrays, differentiable):
     o_fwd, o_bwd = ours_case(ours_fn, arrays, differentiable)
     n_fwd, n_bwd = np_fns
@@ -99,7 +113,7 @@ def compare(name, shape_text, ours_fn, np_fns, torch_fn, arrays, differentiable)
     if torch is not None and torch_fn is not None:
         t_fwd, t_bwd = base.torch_case(torch, torch_fn, arrays, differentiable)
     for suffix, o, n, t in ((" fwd", o_fwd, n_fwd, t_fwd), (" fwd+bwd", o_bwd, n_bwd, t_bwd)):
-        row(name + suffix, shape_text, median_ms(o), median_ms(n), median_ms(t) if t else None)
+        row(name + suffix, shape_text, *best_medians(o, n, t))
 
 
 def kernel_tables():
@@ -156,8 +170,7 @@ def alternating_table():
     m = rng.standard_normal((128, 128)).astype(np.float32)
     ln = lambda: F.layer_norm(x, (128,), w, b)
     mm = lambda: x.data @ m
-    t_ln, t_mm = median_ms(ln, 200), median_ms(mm, 200)
-    t_both = median_ms(lambda: (ln(), mm()), 200)
+    t_ln, t_mm, t_both = best_medians(ln, mm, lambda: (ln(), mm()), repeat=200)
     print("\nLayerNorm kernel (2048x128) alternating with a BLAS matmul (2048x128 @ 128x128)")
     print(f"  layer_norm {t_ln:.3f} ms + matmul {t_mm:.3f} ms = {t_ln + t_mm:.3f} ms apart; "
           f"alternating {t_both:.3f} ms per pair (ratio {t_both / (t_ln + t_mm):.2f})")
@@ -176,8 +189,7 @@ def encoder_layer_table():
 
         def ours_step():
             ours(ox).backward(g)
-        t_ours = median_ms(ours_step)
-        t_torch = None
+        torch_step = None
         if torch is not None:
             theirs = torch.nn.TransformerEncoderLayer(d, H, FF, dropout=p, batch_first=True)
             ours.load_state_dict(theirs.state_dict())
@@ -188,9 +200,7 @@ def encoder_layer_table():
 
             def torch_step():
                 theirs(tx).backward(tgrad)
-            t_torch = median_ms(torch_step)
-            t_ours = median_ms(ours_step)  # again, interleaved, for a fair median
-            t_torch = min(t_torch, median_ms(torch_step))
+        t_ours, t_torch = best_medians(ours_step, torch_step)
         pt = f"{t_torch:9.2f} {t_torch / t_ours:8.2f}" if t_torch else "        -        -"
         print(f"{p:<8} {t_ours:9.2f} {pt}")
 

@@ -347,13 +347,13 @@ def _every_kernel(threads_count):
     kernels.set_num_threads(threads_count)
     try:
         local = np.random.default_rng(5)
-        x = local.standard_normal((4096, 96)).astype(np.float32)  # several ranges per kernel
+        x = local.standard_normal((16384, 96)).astype(np.float32)  # several ranges per kernel
         q, k, v = (local.standard_normal((8, 4, 48, 32)).astype(np.float32) for _ in range(3))
         results = []
         cases = [
             lambda t: F.softmax(t[0]),
             lambda t: F.layer_norm(t[0], 96, t[0][0] * 0 + 1.5, None),
-            lambda t: F.cross_entropy(t[0], np.arange(4096) % 96, label_smoothing=0.1),
+            lambda t: F.cross_entropy(t[0], np.arange(16384) % 96, label_smoothing=0.1),
             lambda t: F.dropout(t[0], 0.2),
             lambda t: F.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=True, dropout_p=0.1),
             lambda t: t[1] @ t[2].swapaxes(-1, -2),

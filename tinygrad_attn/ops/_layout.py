@@ -14,11 +14,12 @@ import numpy as np
 
 from .kernels import parallel_for
 
-# A range of work handed to a thread should take ~20-40 us: each range costs
-# a kernel call (~3 us), and waking a thread costs more than a small range
-# saves. About this many element operations (an add, a multiply-add, an exp
-# in SIMD lanes), measured on LayerNorm and softmax rows.
-WORK_PER_RANGE = 1 << 18
+# A range of work handed to a thread should take ~100 us: each range costs a
+# kernel call (~3 us), and waking a sleeping thread costs 50-100 us on a VM,
+# so smaller jobs run faster on the calling thread alone. About this many
+# element operations (an add, a multiply-add, an exp in SIMD lanes),
+# measured on LayerNorm and softmax rows.
+WORK_PER_RANGE = 1 << 20
 
 
 def float_dtype(op, *arrays):
