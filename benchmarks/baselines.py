@@ -115,16 +115,17 @@ def np_attention(q, k, v, causal):
 # ---------------------------------------------------------------- PyTorch
 
 def torch_case(torch, fn, arrays, differentiable):
-    """fwd and fwd+bwd (backward of the output with a gradient of ones) of fn on torch tensors."""
+    """fwd and fwd+bwd (backward of a gradient of ones, made once) of fn on torch tensors."""
     ts = [torch.tensor(a, requires_grad=d) for a, d in zip(arrays, differentiable)]
+    with torch.no_grad():
+        ones = torch.ones_like(fn(*ts))
 
     def fwd():
         with torch.no_grad():
             return fn(*ts)
 
     def fwd_bwd():
-        out = fn(*ts)
-        out.backward(torch.ones_like(out))
+        fn(*ts).backward(ones)
         for t in ts:
             t.grad = None
     return fwd, fwd_bwd
