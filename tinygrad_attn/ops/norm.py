@@ -54,13 +54,14 @@ class LayerNorm(Function):
         rows, n = x2.shape
         g2 = as_rows(grad, x2.dtype).reshape(rows, n)
         dx = np.empty_like(x2)
-        block_rows = max(1, WORK_PER_RANGE // (6 * n))  # fixed blocks: sums independent of threads
+        # Fixed blocks of rows (so the dw, db sums do not depend on the threads), 8 per range.
+        block_rows = max(1, WORK_PER_RANGE // 8 // (6 * n))
         n_blocks = -(-rows // block_rows)
         dw_blocks = np.empty((n_blocks, n), x2.dtype)
         db_blocks = np.empty((n_blocks, n), x2.dtype)
         if rows and n:
             kernels.parallel_for(kernels.layer_norm_backward, n_blocks, x2, w, mean, rstd, g2, dx,
-                                 dw_blocks, db_blocks, block_rows)
+                                 dw_blocks, db_blocks, block_rows, min_items=8)
         return (dx.reshape(grad.shape),
                 dw_blocks.sum(axis=0).reshape(ctx.norm_shape) if ctx.needs_input_grad[1] else None,
                 db_blocks.sum(axis=0).reshape(ctx.norm_shape) if ctx.needs_input_grad[2] else None)
