@@ -2,13 +2,14 @@
 
 Every kernel is a serial Numba function compiled with `nogil=True` whose
 last two arguments are a range of items (rows, matrices, blocks) to do:
-`kernel(*args, start, stop)`. `parallel_for` cuts [0, n) into a few more
-ranges than threads and lets the calling thread and the workers take them
-in turn. Why not Numba's own `prange`, measured on a 2-core machine:
+`kernel(*args, start, stop)`. `parallel_for` cuts [0, n) into ranges of
+at least `min_items` (callers size them at ~100 us of work), at most four
+per thread, and lets the calling thread and the workers take them in turn.
+Why not Numba's own `prange`, measured on a 2-core machine:
 
 - compile time: a `parallel=True` kernel compiles 2-3x slower than the same
-  serial kernel (attention forward: 7 s against 2.7 s cold), and cold start
-  (import + first training step) must stay under 5 s;
+  serial kernel (attention forward: 7 s against 2.7 s cold), and the first
+  training step of a fresh install waits for every kernel it uses;
 - no spinning: idle workers block on a queue, so they never take a core
   from OpenBLAS, the pitfall of Numba's default OpenMP layer (a LayerNorm
   kernel alternating with a matmul ran 7x slower);
