@@ -263,6 +263,50 @@ def test_attention_dropout_gradcheck_with_a_fixed_mask():
     assert module_gradcheck(mha, [x], forward=forward)
 
 
+@pytest.mark.parametrize("masks,dropout,layout", [
+    ("none", 0.0, "batch_first"), ("padding+causal", 0.0, "seq_first"),
+    ("float attn_mask", 0.3, "batch_first"), ("per-head bool attn_mask", 0.3, "unbatched")])
+def test_self_attention_packed_and_unpacked_paths_agree(monkeypatch, masks, dropout, layout):
+    """Self-attention (query is key is value) projects once and runs the packed
+    op; the same input passed as separate tensors takes the three projections.
+    Outputs, every gradient and the recorded weights must agree."""
+    rng = np.random.default_rng(0)
+    B, T, E, H = 2, 5, 6, 3
+    mha = nn.MultiHeadAttention(E, H, dropout=dropout, batch_first=layout != "seq_first").double()
+    for p in mha.parameters():  # non-zero biases too
+        p.data[...] = rng.normal(size=p.shape)
+    mha.record_weights = True
+    shape = {"batch_first": (B, T, E), "seq_first": (T, B, E), "unbatched": (T, E)}[layout]
+    x_data, g = rng.normal(size=shape), rng.normal(size=shape)
+    kwargs = {
+        "none": {},
+        "padding+causal": dict(key_padding_mask=np.arange(T) >= np.array([[T], [T - 2]]), is_causal=True),
+        "float attn_mask": dict(attn_mask=rng.normal(size=(T, T))),
+        "per-head bool attn_mask": dict(attn_mask=rng.random((H, T, T)) > 0.7),
+    }[masks]
+    packed_calls = []
+    packed_op = tg.functional.packed_self_attention
+    monkeypatch.setattr(tg.functional, "packed_self_attention",
+                        lambda *a, **k: packed_calls.append(1) or packed_op(*a, **k))
+
+    def run(packed):
+        mha.zero_grad()
+        x = t64(x_data)
+        tg.manual_seed(1)  # the same dropout mask on both paths
+        if packed:
+            out, _ = mha(x, x, x, **kwargs)
+        else:
+            y = x + 0  # the same values, another tensor: three projections
+            out, _ = mha(x, y, y, **kwargs)
+        out.backward(g)
+        return [out.data, x.grad.data, mha.last_attn_weights] + [p.grad.data for p in mha.parameters()]
+
+    packed, unpacked = run(packed=True), run(packed=False)
+    assert len(packed_calls) == 1
+    for a, b in zip(packed, unpacked):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_attention_errors_name_the_layer_and_shapes():
     mha = nn.MultiHeadAttention(4, 2)
     x = tg.zeros(2, 3, 4)

@@ -323,6 +323,35 @@ def attention_weights_case(draw):
     return Case(fn, lambda q, k: ref.attention(q, k, v, mask, causal, scale)[1], (q, k))
 
 
+@st.composite
+def packed_self_attention_case(draw):
+    """qkv (B, T, 3*H*hd) and a mask (None, boolean or float) that broadcasts to (B, H, T, T)."""
+    B, T, H, hd = (draw(st.integers(1, 3)) for _ in range(4))
+    qkv = draw(arrays((B, T, 3 * H * hd)))
+    mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
+    mask_shape = draw(st.sampled_from([(), (B, 1), (1, H), (B, H)])) + (draw(st.sampled_from([1, T])), T)
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random(mask_shape) > 0.3  # some rows may be fully masked
+    elif mask_kind == "float":
+        mask = draw(arrays(mask_shape))
+    causal, scale = draw(st.booleans()), draw(st.sampled_from([None, 0.7]))
+    p = draw(st.sampled_from([0.0, 0.0, 0.4]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    op = tg.ops.attention.PackedSelfAttention
+
+    def reference(qkv, m=mask):
+        q, k, v = np.moveaxis(qkv.reshape(B, T, 3, H, hd), (2, 1), (0, 3))  # each (B, H, T, hd)
+        out = ref.attention(q, k, v, m, causal, scale, p, seed)[0]
+        return out.transpose(0, 2, 1, 3).reshape(B, T, H * hd)
+    kwargs = dict(num_heads=H, is_causal=causal, scale=scale, dropout_p=p, seed=seed)
+    if mask_kind == "float":  # a float mask gets a gradient too
+        return Case(lambda qkv, m: op.apply(qkv, m, **kwargs), reference, (qkv, mask))
+    extra = () if mask is None else (tg.Tensor(mask),)
+    return Case(lambda qkv: op.apply(qkv, *extra, **kwargs), reference, (qkv,))
+
+
 def _gelu_tanh(a):
     return 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3)))
 
@@ -382,6 +411,7 @@ CASES = {
     "CrossEntropy": [cross_entropy_case()],
     "ScaledDotProductAttention": [attention_case()],
     "AttentionWeights": [attention_weights_case()],
+    "PackedSelfAttention": [packed_self_attention_case()],
 }
 
 CASE_IDS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]

@@ -9,7 +9,7 @@ those to see the math, and the tests check the fused ones against them.
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .ops.attention import AttentionWeights, ScaledDotProductAttention
+from .ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention
 from .ops.dropout import Dropout
 from .ops.loss import CrossEntropy
 from .ops.matmul import Linear
@@ -130,3 +130,28 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
                                            value_batch=value.shape[:-2])
     return out, Tensor(weights)
+
+
+def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                          need_weights=False):
+    """Multi-head self-attention on a packed projection, in one fused op.
+
+    qkv: (B, T, 3 * num_heads * head_dim), x W^T + b for the stacked
+    query, key and value weights (torch.nn.MultiheadAttention's
+    in_proj_weight): its last axis holds (3, num_heads, head_dim). Each head
+    h attends with Q_h, K_h, V_h read in place; the result is (B, T,
+    num_heads * head_dim), the heads side by side, ready for the output
+    projection. `attn_mask` (broadcastable to (B, num_heads, T, T)),
+    `is_causal`, `dropout_p` and `scale` are as in
+    `scaled_dot_product_attention` (boolean True = may attend).
+
+    With need_weights=True also returns the weights (B, num_heads, T, T),
+    before dropout, as a record: no gradient flows through them (use
+    `scaled_dot_product_attention` on separate Q, K, V for that).
+    """
+    inputs = (qkv,)
+    if attn_mask is not None:
+        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+    out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
+                                                  scale=scale, dropout_p=dropout_p)
+    return (out, Tensor(ctx.weights)) if need_weights else out

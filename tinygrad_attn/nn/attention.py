@@ -193,6 +193,8 @@ class MultiHeadAttention(Module):
     def forward(self, query, key, value, key_padding_mask=None, attn_mask=None,
                 need_weights=False, average_attn_weights=True, is_causal=False):
         self._check_inputs(query, key, value)
+        # Self-attention with the stacked in_proj_weight: one packed projection (see below).
+        packed = query is key and key is value and self._qkv_same_embed_dim and not need_weights
         batched = query.ndim == 3
         if not batched:  # one sequence: add a batch axis of 1
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -202,22 +204,29 @@ class MultiHeadAttention(Module):
             query, key, value = query.swapaxes(0, 1), key.swapaxes(0, 1), value.swapaxes(0, 1)
         B, L, S = query.shape[0], query.shape[1], key.shape[1]
         H, hd = self.num_heads, self.head_dim
-
-        # Project, then split the last axis into heads: (B, T, H*hd) -> (B, H, T, hd).
-        (wq, wk, wv), (bq, bk, bv) = self._projection_weights()
-        q = F.linear(query, wq, bq).reshape(B, L, H, hd).permute(0, 2, 1, 3)
-        k = F.linear(key, wk, bk).reshape(B, S, H, hd).permute(0, 2, 1, 3)
-        v = F.linear(value, wv, bv).reshape(B, S, H, hd).permute(0, 2, 1, 3)
-
         mask, causal = self._merge_masks(key_padding_mask, attn_mask, is_causal, B, L, S, query.dtype)
+        dropout_p = self.dropout if self.training else 0.0
         want_weights = need_weights or self.record_weights
-        result = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal, need_weights=want_weights)
-        z, weights = result if want_weights else (result, None)
 
-        # Concatenate the heads, (B, H, L, hd) -> (B, L, H*hd), and project with W_O.
-        out = self.out_proj(z.permute(0, 2, 1, 3).reshape(B, L, H * hd))
+        if packed:
+            # Q, K, V of every head from one (E -> 3*H*hd) product; the fused op reads them
+            # where they lie and returns the heads side by side, (B, L, H*hd). Same math as below.
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            result = F.packed_self_attention(qkv, H, attn_mask=mask, dropout_p=dropout_p,
+                                             is_causal=causal, need_weights=want_weights)
+            z, weights = result if want_weights else (result, None)
+        else:
+            # Project, then split the last axis into heads: (B, T, H*hd) -> (B, H, T, hd).
+            (wq, wk, wv), (bq, bk, bv) = self._projection_weights()
+            q = F.linear(query, wq, bq).reshape(B, L, H, hd).permute(0, 2, 1, 3)
+            k = F.linear(key, wk, bk).reshape(B, S, H, hd).permute(0, 2, 1, 3)
+            v = F.linear(value, wv, bv).reshape(B, S, H, hd).permute(0, 2, 1, 3)
+            result = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                    is_causal=causal, need_weights=want_weights)
+            heads, weights = result if want_weights else (result, None)
+            # Concatenate the heads: (B, H, L, hd) -> (B, L, H*hd).
+            z = heads.permute(0, 2, 1, 3).reshape(B, L, H * hd)
+        out = self.out_proj(z)  # times W_O
 
         if self.record_weights:
             self.last_attn_weights = weights.data.copy() if batched else weights.data[0].copy()

@@ -1,10 +1,18 @@
-"""Scaled dot-product attention as one fused op (and its weights as a second).
+"""Scaled dot-product attention as one fused op, its weights as a second, and
+self-attention on a packed projection as a third.
 
 Why fused: composed from primitive ops (`tinygrad_attn.reference.
 scaled_dot_product_attention`) attention is a matmul, a scale, a mask, a
 five-pass softmax, a dropout and a second matmul, each with a temporary of
 shape (..., L, S) and its own backward. The kernel does the whole chain
 for one (batch, head) matrix while it is in cache; BLAS does the products.
+
+Why packed: self-attention projects one input x to Q, K and V. One
+(E -> 3E) product makes all three, (B, T, 3, H, hd); `PackedSelfAttention`
+reads each head's Q, K, V where they lie in it and writes dQ, dK, dV into
+one gradient of the same layout, so the projection's backward is again a
+single product (three projections would cost three products each way and
+a sum of three input gradients).
 """
 import math
 
@@ -54,6 +62,10 @@ class _Plan:
             self.mask = np.ascontiguousarray(additive).reshape(-1, self.L, self.S)
             self.im = batch_index(mask_batch, self.batch)
 
+    def scale(self, scale):
+        """The scale of the scores, in the plan's dtype: 1/sqrt(E) by default."""
+        return self.dtype.type((1 / math.sqrt(self.E) if self.E else 1.0) if scale is None else scale)
+
     def blas(self, x):
         """(buffer, offsets, row stride) of x's matrices over the full batch (see as_matrices)."""
         return as_matrices(x, self.batch)[:3]
@@ -70,6 +82,47 @@ class _Plan:
 def _runs_per_thread(plan):
     # one (batch, head) matrix is ~L*S*(E+Ev) multiply-adds: often worth a thread on its own
     return max(1, WORK_PER_RANGE // max(1, plan.L * plan.S * (plan.E + plan.Ev)))
+
+
+def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
+    """Run the forward kernel: P_i and out_i = (P_i * D) V_i for every batch index i.
+
+    `out` is (batch..., L, Ev) in any layout `as_matrices` reads in place.
+    Keeps on ctx what `_attend_backward` needs, and the weights P
+    (ctx.weights, batch shape + (L, S)).
+    """
+    dtype = plan.dtype
+    scale = plan.scale(scale)
+    threshold, keep_scale, key = np.uint32(0), dtype.type(1), np.uint32(0)  # no dropout
+    if dropout_p:
+        threshold, keep_scale = keep_rule(dropout_p, dtype)
+        key = draw_key() if seed is None else np.uint32(seed)
+    weights = np.empty((plan.n, plan.L, plan.S), dtype)
+    if plan.n and plan.L:
+        kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
+                             plan.E, plan.Ev, plan.mask, plan.im, has_mask, bool(is_causal),
+                             scale, key, threshold, keep_scale, weights, *plan.blas(out),
+                             min_items=_runs_per_thread(plan))
+    ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
+    ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
+    ctx.save_for_backward(weights)
+
+
+def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
+    """Run the backward kernel for grad = dL/dout, writing dQ, dK, dV into
+    the given arrays (any layout `as_matrices` reads in place). Returns
+    dL/dmask (batch..., L, S) if `want_dmask`, else None."""
+    weights, = ctx.saved_tensors
+    plan = ctx.plan
+    dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
+    if plan.n and plan.L:
+        kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
+                             plan.E, plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
+                             ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
+                             dmask, want_dmask, min_items=_runs_per_thread(plan))
+    else:
+        dk[...], dv[...] = 0, 0  # no query: nothing flows back
+    return dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None
 
 
 class ScaledDotProductAttention(Function):
@@ -91,44 +144,19 @@ class ScaledDotProductAttention(Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=None):
         plan = _Plan("scaled_dot_product_attention", q, k, v, attn_mask)
-        dtype = plan.dtype
-        scale = dtype.type((1 / math.sqrt(plan.E) if plan.E else 1.0) if scale is None else scale)
-        threshold, keep_scale, key = np.uint32(0), dtype.type(1), np.uint32(0)  # no dropout
-        if dropout_p:
-            threshold, keep_scale = keep_rule(dropout_p, dtype)
-            key = draw_key() if seed is None else np.uint32(seed)
         out = plan.output(q, plan.L, plan.Ev)
-        weights = np.empty((plan.n, plan.L, plan.S), dtype)
-        if plan.n and plan.L:
-            kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
-                                 plan.E, plan.Ev, plan.mask, plan.im, attn_mask is not None, bool(is_causal),
-                                 scale, key, threshold, keep_scale, weights, *plan.blas(out),
-                                 min_items=_runs_per_thread(plan))
-        ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
-        ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
-        ctx.save_for_backward(weights)
+        _attend(ctx, plan, out, attn_mask is not None, is_causal, scale, dropout_p, seed)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        weights, = ctx.saved_tensors
         plan = ctx.plan
         q, k, v = plan.inputs
         dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E)
         dv = plan.output(v, plan.S, plan.Ev)
-        want_dmask = len(ctx.needs_input_grad) > 3 and ctx.needs_input_grad[3]
-        dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
-        if plan.n and plan.L:
-            kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
-                                 plan.E, plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
-                                 ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
-                                 dmask, want_dmask, min_items=_runs_per_thread(plan))
-        else:
-            dk[...], dv[...] = 0, 0  # no query: nothing flows back
-        grads = (dq, dk, dv)
-        if len(ctx.needs_input_grad) > 3:
-            grads += (dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None,)
-        return grads
+        has_mask = len(ctx.needs_input_grad) > 3
+        dmask = _attend_backward(ctx, grad, dq, dk, dv, has_mask and ctx.needs_input_grad[3])
+        return (dq, dk, dv) + ((dmask,) if has_mask else ())
 
 
 class AttentionWeights(Function):
@@ -151,7 +179,7 @@ class AttentionWeights(Function):
                              f"{None if weights is None else weights.shape} do not fit query {q.shape} "
                              f"and key {k.shape}")
         ctx.plan = plan
-        ctx.scale = plan.dtype.type((1 / math.sqrt(plan.E) if plan.E else 1.0) if scale is None else scale)
+        ctx.scale = plan.scale(scale)
         weights = np.ascontiguousarray(weights, plan.dtype)
         ctx.save_for_backward(weights)
         return weights
@@ -173,3 +201,56 @@ class AttentionWeights(Function):
         if len(ctx.needs_input_grad) > 2:
             grads += (ds if ctx.needs_input_grad[2] else None,)
         return grads
+
+
+def _heads(x, parts, num_heads, op):
+    """The `parts` consecutive slices of x's last axis, each split into heads:
+    (B, T, parts * H * hd) -> `parts` views (B, H, T, hd), no copies."""
+    if x.ndim != 3 or num_heads < 1 or x.shape[-1] % (parts * num_heads):
+        raise ShapeError(f"{op}: expected (batch, length, {parts} * num_heads * head_dim) with "
+                         f"num_heads {num_heads}, got shape {x.shape}")
+    B, T, width = x.shape
+    split = x.reshape(B, T, parts, num_heads, width // (parts * num_heads))
+    return [split[:, :, i].transpose(0, 2, 1, 3) for i in range(parts)]
+
+
+class PackedSelfAttention(Function):
+    """Multi-head self-attention on a packed projection:
+
+        qkv (B, T, 3 * H * hd) = x W^T + b, its last axis laid out (3, H, hd)
+        out (B, T, H * hd): out[:, :, h] = attention(Q_h, K_h, V_h), the heads side by side
+
+    with Q_h = qkv[:, :, 0, h], K_h = qkv[:, :, 1, h], V_h = qkv[:, :, 2, h]
+    (the packed in_proj of torch.nn.MultiheadAttention, and the heads
+    concatenated as its out_proj expects them). The math, forward and
+    backward, is `ScaledDotProductAttention`'s for each (batch, head); the
+    mask broadcasts to (B, H, T, T). dL/dqkv is assembled from dQ, dK and
+    dV in the same packed layout: the kernel writes each head's gradients
+    straight into their places.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, attn_mask=None, num_heads=1, is_causal=False, scale=None, dropout_p=0.0,
+                seed=None):
+        op = "packed self-attention"
+        q, k, v = _heads(qkv, 3, num_heads, op)
+        plan = _Plan(op, q, k, v, attn_mask)
+        if plan.batch != q.shape[:2]:
+            raise ShapeError(f"{op}: attn_mask of shape {attn_mask.shape} does not broadcast to "
+                             f"(batch, heads, T, T) = {q.shape[:3] + q.shape[2:3]}")
+        B, T, width = qkv.shape
+        out = np.empty((B, T, width // 3), plan.dtype)
+        out_heads, = _heads(out, 1, num_heads, op)
+        _attend(ctx, plan, out_heads, attn_mask is not None, is_causal, scale, dropout_p, seed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        plan = ctx.plan
+        B, H, T, hd = plan.batch + (plan.L, plan.E)
+        dqkv = np.empty((B, T, 3 * H * hd), plan.dtype)
+        grad_heads, = _heads(grad, 1, H, "packed self-attention")
+        has_mask = len(ctx.needs_input_grad) > 1
+        dmask = _attend_backward(ctx, grad_heads, *_heads(dqkv, 3, H, "packed self-attention"),
+                                 has_mask and ctx.needs_input_grad[1])
+        return (dqkv,) + ((dmask,) if has_mask else ())
