@@ -18,9 +18,10 @@ number of threads.
     dropout        dropout_apply
     mathx          exp (vectorizable), uniform_bits (the dropout hash)
     blas           gemm on strided matrices, with numpy's BLAS (BLAS, BLAS_NAME)
-    reductions     fast-math flags; max_of, sum_of, sum_exp
+    reductions     fast-math flags; row_sums (max, sum of exp, sum)
     threads        parallel_for, get_num_threads, set_num_threads
-    setup          where the compiled kernels are cached
+    setup          where the compiled kernels are cached, shared by processes
+    precompile     a cold cache is filled by a second process in parallel
 """
 import os
 
@@ -36,3 +37,12 @@ from .layernorm import layer_norm_backward, layer_norm_forward  # noqa: E402
 from .matmul import batched_matmul  # noqa: E402
 from .softmax import softmax_backward, softmax_forward  # noqa: E402
 from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402
+from . import precompile  # noqa: E402
+
+KERNELS = (attention_backward, attention_forward, batched_matmul, cross_entropy_backward,
+           cross_entropy_forward, dropout_apply, layer_norm_backward, layer_norm_forward,
+           softmax_backward, softmax_forward)
+# Processes share the compiled kernels safely; then a cold cache is filled by
+# a second process while this one works (precompile.py).
+if all([setup.share_cache(kernel) for kernel in KERNELS]):  # a list: every kernel gets one
+    precompile.start_if_cold(KERNELS)

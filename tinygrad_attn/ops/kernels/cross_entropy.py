@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from .mathx import exp
-from .reductions import KERNEL_FASTMATH, max_of, sum_exp, sum_of
+from .reductions import KERNEL_FASTMATH, row_sums
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
@@ -26,9 +26,8 @@ def cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max
     inv_classes = logits.dtype.type(1.0 / classes)  # a float32 kernel stays float32
     for r in range(start, stop):
         xr = logits[r]
-        m = max_of(xr)
-        log_s = np.log(sum_exp(xr, m))
-        total = sum_of(xr)
+        m, s, total = row_sums(xr)
+        log_s = np.log(s)
         row_max_out[r] = m
         log_sum[r] = log_s
         t = target[r]

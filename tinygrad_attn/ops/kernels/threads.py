@@ -19,6 +19,7 @@ Why not Numba's own `prange`, measured on a 2-core machine:
 Each item is computed by one thread in a fixed order, so results are
 bit-identical whatever the number of threads.
 """
+import contextlib
 import os
 import queue
 import threading
@@ -30,6 +31,7 @@ _num_threads = max(1, int(numba.config.NUMBA_NUM_THREADS))
 _queue = queue.SimpleQueue()
 _workers = []
 _workers_lock = threading.Lock()
+_dry_run_calls = None  # a dict while `dry_run` is active
 
 
 def get_num_threads():
@@ -99,6 +101,9 @@ def parallel_for(kernel, n_items, *args, min_items=1):
     Ranges have at least `min_items` items (a kernel's unit of work is
     sized so that one range is worth a thread wake-up, ~30 us).
     """
+    if _dry_run_calls is not None:
+        _dry_run_calls.setdefault((kernel, tuple(kernel.typeof_pyval(a) for a in args + (0, n_items))))
+        return
     n_ranges = min(_num_threads * _TASKS_PER_THREAD, n_items // max(1, min_items))
     if n_ranges <= 1 or _num_threads == 1:
         kernel(*args, 0, n_items)
@@ -113,3 +118,18 @@ def parallel_for(kernel, n_items, *args, min_items=1):
     job.done.wait()
     if job.error is not None:
         raise job.error
+
+
+@contextlib.contextmanager
+def dry_run():
+    """Inside, `parallel_for` runs nothing: it notes which kernel would run with
+    which Numba argument types. Yields a list of (kernel, argument types),
+    first calls first, each once; it is filled when the block ends. Outputs
+    stay uninitialised (precompile.py uses this to learn what a step compiles)."""
+    global _dry_run_calls
+    _dry_run_calls, calls = {}, []
+    try:
+        yield calls
+    finally:
+        calls.extend(_dry_run_calls)
+        _dry_run_calls = None
