@@ -16,10 +16,12 @@ from .kernels import parallel_for
 
 # A range of work handed to a thread should take ~100 us: each range costs a
 # kernel call (~3 us), and waking a sleeping thread costs 50-100 us on a VM,
-# so smaller jobs run faster on the calling thread alone. About this many
-# element operations (an add, a multiply-add, an exp in SIMD lanes),
-# measured on LayerNorm and softmax rows.
-WORK_PER_RANGE = 1 << 20
+# so smaller jobs run faster on the calling thread alone. Ops size their
+# ranges with their kernel's time per element on one core (float32,
+# measured on the development machine): an exp or the dropout hash costs
+# ~1 ns, a multiply-add in BLAS ~0.035 ns, other element work 0.2-0.5 ns.
+RANGE_NS = 100_000
+BLAS_NS = 0.035  # one multiply-add of a small BLAS product
 
 
 def float_dtype(op, *arrays):
@@ -38,9 +40,14 @@ def as_rows(x, dtype=None):
     return np.ascontiguousarray(x, dtype=dtype).reshape(rows, n)
 
 
-def run_rows(kernel, n_rows, row_cost, *args):
-    """Run a kernel over rows [0, n_rows), `row_cost` element operations each."""
-    parallel_for(kernel, n_rows, *args, min_items=max(1, WORK_PER_RANGE // max(1, row_cost)))
+def items_per_range(item_ns):
+    """How many items of `item_ns` nanoseconds each make a range worth a thread."""
+    return max(1, int(RANGE_NS / max(item_ns, 1e-3)))
+
+
+def run_rows(kernel, n_rows, row_ns, *args):
+    """Run a kernel over rows [0, n_rows), each taking about `row_ns` nanoseconds."""
+    parallel_for(kernel, n_rows, *args, min_items=items_per_range(row_ns))
 
 
 def batch_index(part_shape, full_shape):

@@ -21,8 +21,8 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import (WORK_PER_RANGE, as_matrices, as_rows, batch_index, float_dtype, output_like,
-                      run_rows)
+from ._layout import (BLAS_NS, as_matrices, as_rows, batch_index, float_dtype, items_per_range,
+                      output_like, run_rows)
 from .dropout import draw_key, keep_rule
 from .matmul import stack_product
 
@@ -79,9 +79,11 @@ class _Plan:
         return np.empty(shape, self.dtype)
 
 
-def _runs_per_thread(plan):
-    # one (batch, head) matrix is ~L*S*(E+Ev) multiply-adds: often worth a thread on its own
-    return max(1, WORK_PER_RANGE // max(1, plan.L * plan.S * (plan.E + plan.Ev)))
+def _items_per_range(plan, backward=False):
+    """Batch indices per thread range: one is L*S*(E+Ev) multiply-adds by BLAS (twice
+    that backward) and a softmax row pass of ~1.3 ns per score (exp)."""
+    products = plan.L * plan.S * (plan.E + plan.Ev) * (2 if backward else 1)
+    return items_per_range(BLAS_NS * products + 1.3 * plan.L * plan.S)
 
 
 def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
@@ -102,7 +104,7 @@ def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
         kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
                              plan.E, plan.Ev, plan.mask, plan.im, has_mask, bool(is_causal),
                              scale, key, threshold, keep_scale, weights, *plan.blas(out),
-                             min_items=_runs_per_thread(plan))
+                             min_items=_items_per_range(plan))
     ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
     ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
     ctx.save_for_backward(weights)
@@ -119,7 +121,7 @@ def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
         kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
                              plan.E, plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
                              ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
-                             dmask, want_dmask, min_items=_runs_per_thread(plan))
+                             dmask, want_dmask, min_items=_items_per_range(plan, backward=True))
     else:
         dk[...], dv[...] = 0, 0  # no query: nothing flows back
     return dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None
@@ -191,7 +193,7 @@ class AttentionWeights(Function):
         p2 = as_rows(weights)
         ds = np.empty_like(p2)
         if ds.size:
-            run_rows(kernels.softmax_backward, p2.shape[0], 4 * plan.S, p2, as_rows(grad, plan.dtype), ds,
+            run_rows(kernels.softmax_backward, p2.shape[0], 0.25 * plan.S, p2, as_rows(grad, plan.dtype), ds,
                      False)
         ds = ds.reshape(plan.batch + (plan.L, plan.S))
         dsm = plan.blas(ds)

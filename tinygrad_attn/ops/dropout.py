@@ -12,7 +12,7 @@ import numpy as np
 from ..autograd import Function
 from ..random import get_generator
 from . import kernels
-from ._layout import WORK_PER_RANGE, float_dtype
+from ._layout import float_dtype, items_per_range
 
 
 def draw_key():
@@ -36,7 +36,7 @@ def apply_mask(x, key, threshold, scale):
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
     kernels.parallel_for(kernels.dropout_apply, flat.size, flat, key, threshold, scale, out,
-                         min_items=WORK_PER_RANGE // 4)  # ~4 operations per element
+                         min_items=items_per_range(0.8))  # ns per element: the hash
     return out.reshape(x.shape)
 
 

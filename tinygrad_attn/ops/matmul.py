@@ -14,7 +14,7 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import WORK_PER_RANGE, as_matrices
+from ._layout import BLAS_NS, as_matrices, items_per_range
 
 
 def check_matmul_shapes(a_shape, b_shape):
@@ -46,7 +46,7 @@ def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype):
     out = np.empty((count, m, n), dtype)
     if out.size:
         flops = m * n * k
-        per_range = count if flops >= 1 << 21 else max(1, WORK_PER_RANGE // max(1, flops))
+        per_range = count if flops >= 1 << 21 else items_per_range(BLAS_NS * flops)
         kernels.parallel_for(kernels.batched_matmul, count, kernels.BLAS, *a, trans_a, *b, trans_b, m, n, k,
                              out, min_items=per_range)
     return out.reshape(tuple(batch) + (m, n))

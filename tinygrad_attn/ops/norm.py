@@ -14,7 +14,7 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError
 from . import kernels
-from ._layout import WORK_PER_RANGE, as_rows, float_dtype, run_rows
+from ._layout import as_rows, float_dtype, items_per_range, run_rows
 
 
 class LayerNorm(Function):
@@ -43,7 +43,7 @@ class LayerNorm(Function):
         mean = np.empty(x2.shape[0], dtype)
         rstd = np.empty(x2.shape[0], dtype)
         if y.size:
-            run_rows(kernels.layer_norm_forward, x2.shape[0], 4 * n, x2, w, b, dtype.type(eps), y, mean, rstd)
+            run_rows(kernels.layer_norm_forward, x2.shape[0], 0.3 * n, x2, w, b, dtype.type(eps), y, mean, rstd)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.norm_shape = norm_shape
         return y.reshape(x.shape)
@@ -55,7 +55,7 @@ class LayerNorm(Function):
         g2 = as_rows(grad, x2.dtype).reshape(rows, n)
         dx = np.empty_like(x2)
         # Fixed blocks of rows (so the dw, db sums do not depend on the threads), 8 per range.
-        block_rows = max(1, WORK_PER_RANGE // 8 // (6 * n))
+        block_rows = max(1, items_per_range(0.5 * n) // 8)  # ~0.5 ns per element
         n_blocks = -(-rows // block_rows)
         dw_blocks = np.empty((n_blocks, n), x2.dtype)
         db_blocks = np.empty((n_blocks, n), x2.dtype)
