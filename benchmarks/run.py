@@ -1,6 +1,7 @@
 """Benchmark the fused kernels against plain numpy and PyTorch (CPU, eager).
 
     PYTHONPATH=. python benchmarks/run.py [--repeat N] [--rounds R] [--threads N] [--skip-startup]
+                                          [--only kernels|alternating|encoder|startup ...]
 
 Prints, for each kernel and shape, the median milliseconds of a forward and
 of a forward+backward call through the public API (Tensor in, Tensor out,
@@ -29,6 +30,8 @@ PARSER.add_argument("--repeat", type=int, default=30, help="timed calls per meas
 PARSER.add_argument("--rounds", type=int, default=2, help="rounds per measurement (best median kept)")
 PARSER.add_argument("--threads", type=int, default=None, help="threads for kernels, BLAS and PyTorch")
 PARSER.add_argument("--skip-startup", action="store_true", help="skip the start-up measurement")
+PARSER.add_argument("--only", action="append", choices=["kernels", "alternating", "encoder", "startup"],
+                    help="run only this table (repeatable)")
 ARGS = PARSER.parse_args()
 if ARGS.threads:  # BLAS reads these when it loads, so before numpy is imported
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -233,15 +236,23 @@ tg.ops.kernels.precompile.wait()  # a cold start's background compile ends befor
 
 def startup_table():
     """Import + one forward/backward of a small Transformer layer and loss, in
-    a fresh process: first with an empty Numba cache, then with it filled."""
+    a fresh process: with an empty Numba cache (with and without the
+    background compile of kernels/precompile.py), then with it filled."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=root)
-        print("\nStart-up: import + first forward/backward of a small encoder layer and loss")
-        for label in ("cold (empty Numba cache)", "warm (cached kernels)", "warm again"):
-            out = subprocess.run([sys.executable, "-c", STARTUP], env=env, capture_output=True,
-                                 text=True, check=True).stdout.split()
-            print(f"  {label:26s} import {out[0]} s, import + first step {out[1]} s")
+    # Python's bytecode cache on, as in an installed package (pip writes it at install time)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = root
+    subprocess.run([sys.executable, "-c", "import tinygrad_attn"], check=True,  # writes it, compiles nothing
+                   env=dict(env, TINYGRAD_ATTN_PRECOMPILE="0"))
+    print("\nStart-up: import + first forward/backward of a small encoder layer and loss")
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as other_cache:
+        runs = (("cold (empty Numba cache)", cache, "1"), ("warm (cached kernels)", cache, "1"),
+                ("warm again", cache, "1"), ("cold, no background compile", other_cache, "0"))
+        for label, directory, background in runs:
+            out = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, check=True,
+                                 env=dict(env, NUMBA_CACHE_DIR=directory,
+                                          TINYGRAD_ATTN_PRECOMPILE=background)).stdout.split()
+            print(f"  {label:28s} import {out[0]} s, import + first step {out[1]} s")
 
 
 def main():
@@ -249,11 +260,11 @@ def main():
           f"{os.cpu_count()} cores, kernel threads {tg.ops.kernels.get_num_threads()}, "
           f"torch threads {torch.get_num_threads() if torch else '-'}, BLAS {tg.ops.kernels.BLAS_NAME}'s, "
           f"load average {os.getloadavg()[0]:.2f}")
-    kernel_tables()
-    alternating_table()
-    encoder_layer_table()
-    if not ARGS.skip_startup:
-        startup_table()
+    tables = {"kernels": kernel_tables, "alternating": alternating_table, "encoder": encoder_layer_table,
+              "startup": startup_table}
+    for name, table in tables.items():
+        if (ARGS.only is None and not (name == "startup" and ARGS.skip_startup)) or name in (ARGS.only or ()):
+            table()
 
 
 if __name__ == "__main__":

@@ -76,32 +76,43 @@ def test_every_kernel_has_a_shared_cache():
     assert all(isinstance(k._cache, setup.SharedCache) for k in kernels.KERNELS)
 
 
-def test_a_lookup_waits_while_another_process_compiles_the_kernel():
-    """precompile.py holds a kernel's busy lock while compiling it; a lookup
-    (here from another thread, which the OS treats like another process:
-    each opens its own lock file) waits until it is released."""
+def test_a_lookup_waits_while_another_process_saves_the_kernel(monkeypatch):
+    """Saving holds a kernel's cache lock exclusively; a lookup waits until it
+    is released (here the other side is a thread, which the OS treats like
+    another process: each opens the lock file on its own), but not for long:
+    after SharedCache.WAIT it counts as a miss."""
     if setup.fcntl is None:
         pytest.skip("no advisory file locks on this platform")
     kernel = kernels.layer_norm_forward
-    sig = kernel.signatures[0] if kernel.signatures else None
-    if sig is None:
+    if not kernel.signatures:
         F.layer_norm(tg.randn(2, 3), (3,))
-        sig = kernel.signatures[0]
-    held, events = threading.Event(), []
+    sig = kernel.signatures[0]
+    monkeypatch.setattr(setup.SharedCache, "WAIT", 10.0)
+    events = []
 
-    def compile_elsewhere():
-        with setup.file_lock(kernel._cache.busy_lock, exclusive=True):
-            held.set()
-            threading.Event().wait(0.2)
-            events.append("released")
+    def look_up_while_saving(hold_for):
+        held, release = threading.Event(), threading.Event()
 
-    other = threading.Thread(target=compile_elsewhere)
-    other.start()
-    held.wait()
-    kernel._cache.load_overload(sig, kernel.targetctx)
-    events.append("looked up")
-    other.join()
-    assert events == ["released", "looked up"]
+        def save_elsewhere():
+            with setup.file_lock(kernel._cache.lock, exclusive=True):
+                held.set()
+                release.wait(hold_for)
+                events.append("saved")
+        other = threading.Thread(target=save_elsewhere)
+        other.start()
+        held.wait()
+        found = kernel._cache.load_overload(sig, kernel.targetctx)
+        events.append("looked up")
+        release.set()
+        other.join()
+        return found
+
+    assert look_up_while_saving(hold_for=0.2) is not None  # waited, then found it
+    assert events == ["saved", "looked up"]
+    events.clear()
+    monkeypatch.setattr(setup.SharedCache, "WAIT", 0.0)
+    assert look_up_while_saving(hold_for=10.0) is None  # gave up: a miss
+    assert events == ["looked up", "saved"]
 
 
 def test_start_if_cold_starts_one_background_compile(monkeypatch, tmp_path):
@@ -129,6 +140,7 @@ def test_start_if_cold_starts_one_background_compile(monkeypatch, tmp_path):
     precompile.start_if_cold(fake_kernels)
     args, env, _ = started[0]
     assert env["TINYGRAD_ATTN_PRECOMPILE"] == "0"  # the child starts no other
+    assert "os.nice(19)" in args[-1]  # and yields to everything else
     assert "precompile.main" in args[-1] and str(tmp_path) in args[-1]  # the marker goes in the cache
     precompile.start_if_cold(fake_kernels)
     assert len(started) == 1  # the first one still runs (holds the lock)

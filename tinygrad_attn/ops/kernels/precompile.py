@@ -16,9 +16,10 @@ background, a process (`main` below) that
 3. leaves a marker file (named after the kernels' sources and the Numba,
    Python and machine versions), so later imports start nothing.
 
-The two processes share the cache safely (setup.py): a process that wants
-a kernel the other one is compiling waits for it and loads the result, so
-it never waits longer than compiling the kernel itself would take.
+The two processes share the cache safely (setup.py). The background one
+runs at the lowest priority (nice 19): on an idle second core it works at
+full speed, but it never takes CPU time the program could use. Neither
+waits for the other: if both reach the same kernel, both compile it.
 
 It starts only on a machine with at least two cores, only one at a time
 (the process inherits a lock and holds it until it exits), and not at all
@@ -80,7 +81,7 @@ def start_if_cold(kernels):
                PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
     if numba.config.CACHE_DIR:  # set by setup.configure_cache or by the user: the same cache
         env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
-    code = f"from tinygrad_attn.ops.kernels import precompile; precompile.main({marker!r})"
+    code = f"import os; os.nice(19); from tinygrad_attn.ops.kernels import precompile; precompile.main({marker!r})"
     try:
         _process = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(lock,),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -125,7 +126,6 @@ def main(marker):
         warnings.simplefilter("ignore")  # the dry run computes on uninitialised arrays
         training_step()
     for kernel, arg_types in reversed(calls):
-        with kernel._cache.busy():
-            kernel.compile(arg_types)  # loads it instead if the other process was first
+        kernel.compile(arg_types)  # loads it instead if the program compiled it first
     with open(marker, "w"):
         pass

@@ -12,17 +12,17 @@ one on purpose; parallel test workers or training runs do it too). Numba
 keeps one index file per kernel, mapping each compiled signature to a data
 file, and updates it by read-modify-write: two processes saving two
 signatures of one kernel at the same moment can lose an entry, or pair one
-signature with the other's code. `share_cache` guards each kernel's cache
+signature with the other's code, and a lookup between a save's index and
+data writes can read stale code. `share_cache` guards each kernel's cache
 with a file lock: loads take it shared, saves exclusive (both for
-milliseconds). A second lock, "busy", is held by precompile.py while it
-compiles a kernel; a process about to look a kernel up first waits for it,
-then loads the result instead of compiling the same kernel a second time.
+milliseconds; compiling happens outside it).
 
 (Threads are ours, not Numba's: see `threads.py`.)
 """
 import contextlib
 import os
 import tempfile
+import time
 
 from numba.core.caching import FunctionCache
 
@@ -70,10 +70,11 @@ def configure_cache(kernel_dir):
 
 
 @contextlib.contextmanager
-def file_lock(path, exclusive):
-    """Hold an advisory lock on `path` (created if needed) while inside;
-    blocks until it is free. Without fcntl, or if the file cannot be
-    created, does nothing. The operating system drops it if the process dies."""
+def file_lock(path, exclusive, timeout=None):
+    """Hold an advisory lock on `path` (created if needed) while inside.
+    Yields True once it holds it, or False if `timeout` seconds passed first.
+    Without fcntl, or if the file cannot be created, yields True without
+    locking. The operating system drops the lock if the process dies."""
     fd = None
     if fcntl is not None:
         try:
@@ -82,43 +83,47 @@ def file_lock(path, exclusive):
         except OSError:
             pass
     try:
+        locked = True
         if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, mode | (fcntl.LOCK_NB if deadline is not None else 0))
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        locked = False
+                        break
+                    time.sleep(0.001)
+        yield locked
     finally:
         if fd is not None:
             os.close(fd)  # closing releases the lock
 
 
 class SharedCache(FunctionCache):
-    """Numba's on-disk cache of one kernel, with the locks described above."""
+    """Numba's on-disk cache of one kernel, with the lock described above.
+
+    Nobody waits long for it: the background compile of precompile.py runs
+    at the lowest priority, and could be preempted while it holds the lock.
+    After 50 ms a lookup counts as a miss (the kernel gets compiled) and a
+    save is skipped (the kernel stays out of the cache)."""
+
+    WAIT = 0.05
 
     def __init__(self, py_func):
         super().__init__(py_func)
-        base = os.path.join(self.cache_path, f"{py_func.__module__}.{py_func.__qualname__}")
-        self.index_lock, self.busy_lock = base + ".lock", base + ".busy"
-        self.busy_here = False
-
-    @contextlib.contextmanager
-    def busy(self):
-        """Hold the busy lock while inside: others wanting this kernel wait for us."""
-        with file_lock(self.busy_lock, exclusive=True):
-            self.busy_here = True
-            try:
-                yield
-            finally:
-                self.busy_here = False
+        self.lock = os.path.join(self.cache_path, f"{py_func.__module__}.{py_func.__qualname__}.lock")
 
     def load_overload(self, sig, target_context):
-        if not self.busy_here:
-            with file_lock(self.busy_lock, exclusive=False):
-                pass  # another process is compiling this kernel: wait, then load its result
-        with file_lock(self.index_lock, exclusive=False):
-            return super().load_overload(sig, target_context)
+        with file_lock(self.lock, exclusive=False, timeout=self.WAIT) as locked:
+            return super().load_overload(sig, target_context) if locked else None
 
     def save_overload(self, sig, data):
-        with file_lock(self.index_lock, exclusive=True):
-            super().save_overload(sig, data)
+        with file_lock(self.lock, exclusive=True, timeout=self.WAIT) as locked:
+            if locked:
+                super().save_overload(sig, data)
 
 
 def share_cache(kernel):
