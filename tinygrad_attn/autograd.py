@@ -49,7 +49,7 @@ class set_grad_enabled:
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with self.__class__(self.mode):
+            with set_grad_enabled(self.mode):  # a fresh one per call: safe to nest and recurse
                 return fn(*args, **kwargs)
         return wrapper
 
@@ -60,26 +60,12 @@ class no_grad(set_grad_enabled):
     def __init__(self):
         super().__init__(False)
 
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with no_grad():
-                return fn(*args, **kwargs)
-        return wrapper
-
 
 class enable_grad(set_grad_enabled):
     """Record the graph again inside a `no_grad` region."""
 
     def __init__(self):
         super().__init__(True)
-
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with enable_grad():
-                return fn(*args, **kwargs)
-        return wrapper
 
 
 class AnomalyError(FloatingPointError):
