@@ -42,9 +42,12 @@ _process = None  # the background process this one started, if any
 
 
 def _state_key():
-    """Names what a cache full of our kernels depends on: their source code and the versions."""
+    """Names what a cache full of our kernels depends on: the source code of
+    the kernels and of the ops calling them, and the versions."""
     digest = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py"))):
+    here = os.path.dirname(os.path.abspath(__file__))
+    ops = os.path.dirname(here)
+    for path in sorted(glob.glob(os.path.join(here, "*.py")) + glob.glob(os.path.join(ops, "*.py"))):
         with open(path, "rb") as f:
             digest.update(f.read())
     digest.update(f"{numba.__version__} {sys.version} {platform.machine()}".encode())
@@ -56,8 +59,8 @@ def _usable_cores():
 
 
 def start_if_cold(kernels):
-    """Start the background compile if `kernels` (all sharing one cache
-    directory, each with a setup.SharedCache) lack a float32 training step."""
+    """Start the background compile unless the cache of `kernels` (all in one
+    directory, each with a setup.SharedCache) has a float32 training step's."""
     global _process
     if os.environ.get("TINYGRAD_ATTN_PRECOMPILE", "1") == "0" or _usable_cores() < 2 or setup.fcntl is None \
             or not all(isinstance(k._cache, setup.SharedCache) for k in kernels):
@@ -76,6 +79,7 @@ def start_if_cold(kernels):
     except OSError:  # another process is already compiling
         os.close(lock)
         return
+    # The child imports this package from the same place, with the same Numba cache.
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, TINYGRAD_ATTN_PRECOMPILE="0",  # and it starts no other
                PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
