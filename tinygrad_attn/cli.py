@@ -83,7 +83,8 @@ def _add_train_options(p):
                            "or charlm: character-level language model of --text (GPT-style decoder) "
                            "(default: copy)")
     task.add_argument("--text", metavar="FILE",
-                      help="UTF-8 text file for --task charlm; the last 10%% is the validation split")
+                      help="UTF-8 text file for --task charlm, the last 10%% being the validation "
+                           "split (default: none; charlm needs one)")
     task.add_argument("--seq-len", type=_positive_int, metavar="N",
                       help=f"sequence length; for charlm the context (block) size (default: {d('seq_len')})")
     task.add_argument("--min-seq-len", type=_positive_int, metavar="N",
@@ -171,7 +172,7 @@ def build_parser(prog="tinygrad-attn"):
                         help="train until step N in total (default: the run's --steps); a longer "
                              "run stretches the cosine schedule to N")
     resume.add_argument("--out", metavar="DIR",
-                        help="write outputs here instead of the run's directory")
+                        help="output directory (default: the run's --out)")
     _add_run_options(resume)
 
     sample = commands.add_parser("sample", help="generate text from a charlm checkpoint",
