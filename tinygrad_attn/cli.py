@@ -12,6 +12,7 @@ and exits with status 2; Ctrl-C during training saves a checkpoint and exits
 with status 130.
 """
 import argparse
+import os
 import re
 import sys
 
@@ -22,8 +23,8 @@ from .nn import StateDictError
 from .train.config import SCHEDULES, TASK_DEFAULTS, TASKS, ConfigError, TrainConfig
 
 # Errors that mean "the user asked for something that cannot be done": reported in one line.
-USER_ERRORS = (ConfigError, CheckpointError, StateDictError, FileNotFoundError, IsADirectoryError,
-               NotADirectoryError, PermissionError, ValueError)
+# (OSError: a missing file, a directory where a file should be, no permission to write --out...)
+USER_ERRORS = (ConfigError, CheckpointError, StateDictError, OSError, ValueError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -226,15 +227,22 @@ def _describe(trainer):
             f"output: {c.out}"]
 
 
+def _setup(make_trainer):
+    """Build the trainer and its output directory; user errors become _Fail."""
+    try:
+        trainer = make_trainer()
+        os.makedirs(trainer.config.out, exist_ok=True)
+    except USER_ERRORS as e:
+        raise _Fail(e) from None
+    return trainer
+
+
 def _run(trainer, args):
     for line in _describe(trainer):
         print(line)
     if trainer.step:
         print(f"resuming at step {trainer.step}")
-    try:
-        trainer.fit()
-    except KeyboardInterrupt:
-        return 130
+    trainer.fit()  # Ctrl-C: the trainer saves a checkpoint, main() exits with 130
     trainer.report(plots=not args.no_plots)
     return 0
 
@@ -245,21 +253,13 @@ def _cmd_train(args):
               "min_seq_len", "vocab", "steps", "batch_size", "lr", "warmup", "schedule", "min_lr",
               "weight_decay", "grad_clip", "eval_every", "eval_size", "seed", "out", "log_grad_norms")
     config = TrainConfig(**{name: getattr(args, name) for name in fields})
-    try:
-        trainer = Trainer(config, progress=not args.no_progress)
-    except USER_ERRORS as e:
-        raise _Fail(e) from None
-    return _run(trainer, args)
+    return _run(_setup(lambda: Trainer(config, progress=not args.no_progress)), args)
 
 
 def _cmd_resume(args):
     from .train.trainer import Trainer
-    try:
-        trainer = Trainer.from_checkpoint(args.checkpoint, steps=args.steps, out=args.out,
-                                          progress=not args.no_progress)
-    except USER_ERRORS as e:
-        raise _Fail(e) from None
-    return _run(trainer, args)
+    return _run(_setup(lambda: Trainer.from_checkpoint(args.checkpoint, steps=args.steps, out=args.out,
+                                                       progress=not args.no_progress)), args)
 
 
 def _load_model(path, kind, command):
@@ -360,3 +360,6 @@ def main(argv=None, prog="tinygrad-attn"):
     except _Fail as e:
         print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # during training the checkpoint is saved by then
+        print(f"{prog} {args.command}: interrupted", file=sys.stderr)
+        return 130

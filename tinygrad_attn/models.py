@@ -239,10 +239,11 @@ class GPT(nn.Module):
 
     The blocks and LN_f are an `nn.TransformerEncoder` of
     `TransformerEncoderLayer(norm_first=True, activation="gelu")` called
-    with is_causal=True, so position t only sees positions <= t. Initialisation follows GPT-2 / nanoGPT: weights
-    N(0, 0.02), biases 0, and the projections that write into the residual
-    stream (attention output, second FF layer) N(0, 0.02 / sqrt(2 n_layer)),
-    so the residual sum does not grow with depth.
+    with is_causal=True, so position t only sees positions <= t.
+    Initialisation follows GPT-2 / nanoGPT: weights N(0, 0.02), biases 0,
+    and the projections that write into the residual stream (attention
+    output, second FF layer) N(0, 0.02 / sqrt(2 n_layer)), so the residual
+    sum does not grow with depth.
 
     forward(idx) with integer ids (B, T), T <= block_size -> logits.
     """

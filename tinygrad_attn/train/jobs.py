@@ -237,7 +237,7 @@ class CharLMJob:
                                   generator=np.random.default_rng(self.config.seed))
         return ["sample (temperature 0.8, top-k 20):"] + self.data.decode(ids).splitlines()
 
-    def attention_example(self, length=32):
+    def attention_example(self, length=20):
         """[(name, weights (heads, T, T), tokens, tokens, title)] for the first
         `length` characters of the first validation window."""
         x = self.val_x[:1, :length]

@@ -129,6 +129,8 @@ class Trainer:
 
     config: a TrainConfig (resolved here); progress: show a tqdm bar (when
     tqdm is installed); log: where text lines go (default print).
+    Building a Trainer seeds the framework's generator with config.seed,
+    then initialises the model from it.
     Attributes: model, optimizer, scheduler, job, step, history
     ({"train": [[step, loss, lr], ...], "eval": [{"step": s, metric: value}, ...]}).
     """
