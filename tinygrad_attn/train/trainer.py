@@ -22,6 +22,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
+
 from .. import nn, optim, viz
 from ..checkpoint import CheckpointError, load, save
 from ..models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
@@ -258,6 +260,8 @@ class Trainer:
         arrays = {f"model.{k}": v.data for k, v in self.model.state_dict().items()}
         arrays.update(optim.flatten_state_dict(self.optimizer.state_dict(), "optimizer."))
         arrays.update(optim.flatten_state_dict(self.scheduler.state_dict(), "scheduler."))
+        # the per-step curve as an array (it grows with the run); the few evaluations as JSON
+        arrays["history.train"] = np.array(self.history["train"], dtype=np.float64).reshape(-1, 3)
         metadata = {
             "format": FORMAT,
             "config": self.config.to_json(),
@@ -265,7 +269,7 @@ class Trainer:
             "step": str(self.step),
             "train_seconds": repr(self.train_seconds),
             "rng_state": json.dumps(self._rng_state),
-            "history": json.dumps(self.history),
+            "history_eval": json.dumps(self.history["eval"]),
             **self.job.metadata(),
         }
         save(arrays, path, metadata=metadata)
@@ -298,7 +302,8 @@ class Trainer:
             trainer.scheduler.total_steps = config.steps  # a longer run decays over its new length
         trainer.step = step
         trainer.train_seconds = float(metadata.get("train_seconds", 0.0))
-        trainer.history = json.loads(metadata["history"])
+        trainer.history = {"train": [[int(step), loss, lr] for step, loss, lr in arrays["history.train"].tolist()],
+                           "eval": json.loads(metadata["history_eval"])}
         trainer._rng_state = json.loads(metadata["rng_state"])
         get_generator().bit_generator.state = trainer._rng_state
         return trainer
