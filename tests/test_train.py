@@ -252,3 +252,11 @@ def test_modules_are_in_train_mode_while_training_and_restored_after_evaluation(
     assert modes == [True, True, True]
     assert all(m.training for m in trainer.model.modules())
     assert isinstance(trainer.model, nn.Module)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_evaluation_lines_go_to_the_log(tmp_path, progress):
+    lines = []
+    Trainer(tiny(tmp_path, steps=4, eval_every=2), progress=progress, log=lines.append).fit()
+    assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert all("tok/s" in line and "exact_match" in line for line in lines)

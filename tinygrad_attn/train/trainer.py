@@ -242,9 +242,10 @@ class Trainer:
         return metrics
 
     def _write(self, line):
-        if self._bar is not None:
-            self._bar.write(line)
-        else:
+        if self._bar is None:
+            self.log(line)
+            return
+        with self._bar.external_write_mode():  # clear the bar, print, redraw it
             self.log(line)
 
     def _close_bar(self):
