@@ -15,8 +15,11 @@ from hypothesis import strategies as st
 from scipy.special import erf
 
 import tinygrad_attn as tg
+from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import Function
+from tinygrad_attn.ops.dropout import Dropout
 
+from . import references as ref
 from .strategies import arrays, broadcast_shapes, shapes
 
 
@@ -116,7 +119,8 @@ def pow_scalar_case(draw):
 
 @st.composite
 def matmul_case(draw):
-    kind = draw(st.sampled_from(["2d", "batched", "broadcast", "vec-mat", "mat-vec", "dot"]))
+    kind = draw(st.sampled_from(["2d", "batched", "broadcast", "vec-mat", "mat-vec", "dot",
+                                 "transposed-view"]))
     n, k, m = (draw(st.integers(1, 4)) for _ in range(3))
     batch = draw(shapes(min_dims=1, max_dims=2, max_side=3))
     a_shape, b_shape = {
@@ -126,8 +130,12 @@ def matmul_case(draw):
         "vec-mat": ((k,), batch + (k, m)),
         "mat-vec": (batch + (n, k), (k,)),
         "dot": ((k,), (k,)),
+        "transposed-view": (batch + (n, k), batch + (m, k)),  # b is passed as b.swapaxes(-1, -2)
     }[kind]
-    return Case(lambda a, b: a @ b, np.matmul, (draw(arrays(a_shape)), draw(arrays(b_shape))))
+    a, b = draw(arrays(a_shape)), draw(arrays(b_shape))
+    if kind == "transposed-view":  # a view BLAS reads transposed (K^T in attention), no copy
+        b = np.swapaxes(np.ascontiguousarray(b), -1, -2)
+    return Case(lambda a, b: a @ b, np.matmul, (a, b))
 
 
 @st.composite
@@ -205,6 +213,116 @@ def cast_case(draw):
                 dict(eps=1e-2, atol=1e-4))
 
 
+# ------------------------------------------------------------- fused ops
+
+@st.composite
+def softmax_case(draw, log):
+    shape = draw(shapes(min_dims=0))
+    axis = draw(st.integers(-max(len(shape), 1), max(len(shape), 1) - 1))
+    x = draw(arrays(shape, low=-4.0, high=4.0))
+    if log:
+        return Case(lambda t: F.log_softmax(t, dim=axis), lambda a: ref.log_softmax(a, axis), (x,))
+    return Case(lambda t: F.softmax(t, dim=axis), lambda a: ref.softmax(a, axis), (x,))
+
+
+@st.composite
+def layer_norm_case(draw):
+    shape = draw(shapes(min_dims=1))
+    k = draw(st.integers(1, len(shape)))
+    eps = draw(st.sampled_from([1e-5, 0.1]))
+    norm_shape = shape[len(shape) - k:]
+    x, w, b = draw(arrays(shape)), draw(arrays(norm_shape)), draw(arrays(norm_shape))
+    return Case(lambda x, w, b: F.layer_norm(x, norm_shape, w, b, eps=eps),
+                lambda x, w, b: ref.layer_norm(x, w, b, k, eps), (x, w, b))
+
+
+@st.composite
+def linear_case(draw):
+    lead = draw(shapes(min_dims=0, max_dims=2, max_side=3))
+    n_in, n_out = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    x, w = draw(arrays(lead + (n_in,))), draw(arrays((n_out, n_in)))
+    if draw(st.booleans()):
+        return Case(lambda x, w, b: F.linear(x, w, b), ref.linear, (x, w, draw(arrays((n_out,)))))
+    return Case(lambda x, w: F.linear(x, w), ref.linear, (x, w))
+
+
+@st.composite
+def dropout_case(draw):
+    x = draw(arrays(draw(shapes())))
+    p = draw(st.sampled_from([0.2, 0.5, 0.9, 1.0]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return Case(lambda t: Dropout.apply(t, p=p, seed=seed), lambda a: ref.dropout(a, p, seed), (x,))
+
+
+@st.composite
+def cross_entropy_case(draw):
+    n_classes = draw(st.integers(1, 5))
+    layout = draw(st.sampled_from(["NC", "C", "NCd"]))
+    n = draw(st.integers(1, 4))
+    extra = draw(shapes(min_dims=1, max_dims=2, max_side=3)) if layout == "NCd" else ()
+    logits_shape = {"NC": (n, n_classes), "C": (n_classes,), "NCd": (n, n_classes) + extra}[layout]
+    target_shape = {"NC": (n,), "C": (), "NCd": (n,) + extra}[layout]
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    target = rng.integers(0, n_classes, size=target_shape)
+    ignore_index = draw(st.sampled_from([-100, 0])) if n_classes > 1 else -100
+    if draw(st.booleans()):
+        target = np.where(rng.random(target_shape) < 0.3, ignore_index, target)
+    smoothing = draw(st.sampled_from([0.0, 0.1]))
+    reduction = draw(st.sampled_from(["mean", "sum", "none"]))
+    if reduction == "mean":  # keep one target: a mean over no targets is NaN, with no gradient to check
+        target = np.array(target)
+        target.flat[0] = n_classes - 1
+    kwargs = dict(ignore_index=ignore_index, label_smoothing=smoothing, reduction=reduction)
+    return Case(lambda t: F.cross_entropy(t, target, **kwargs),
+                lambda a: ref.cross_entropy(a, target, **kwargs), (draw(arrays(logits_shape)),))
+
+
+@st.composite
+def attention_inputs(draw):
+    """q, k, v with broadcast batch axes, and a mask (None, boolean or float) that broadcasts."""
+    L, S, E, Ev = (draw(st.integers(1, 4)) for _ in range(4))
+    bq, bk, bv, bm = draw(broadcast_shapes(4, max_dims=2, max_side=3))
+    q, k, v = draw(arrays(bq + (L, E))), draw(arrays(bk + (S, E))), draw(arrays(bv + (S, Ev)))
+    mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
+    mask_shape = bm + (draw(st.sampled_from([1, L])), S)
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random(mask_shape) > 0.3  # some rows may be fully masked
+    elif mask_kind == "float":
+        mask = draw(arrays(mask_shape))
+    return q, k, v, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))
+
+
+@st.composite
+def attention_case(draw):
+    q, k, v, mask, causal, scale = draw(attention_inputs())
+    p = draw(st.sampled_from([0.0, 0.0, 0.4]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    op = tg.ops.attention.ScaledDotProductAttention
+
+    def reference(*a):
+        m = a[3] if len(a) > 3 else mask
+        return ref.attention(a[0], a[1], a[2], m, causal, scale, p, seed)[0]
+    if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
+        return Case(lambda q, k, v, m: op.apply(q, k, v, m, is_causal=causal, scale=scale, dropout_p=p,
+                                                seed=seed), reference, (q, k, v, mask))
+    extra = () if mask is None else (tg.Tensor(mask),)
+    return Case(lambda q, k, v: op.apply(q, k, v, *extra, is_causal=causal, scale=scale, dropout_p=p,
+                                         seed=seed), reference, (q, k, v))
+
+
+@st.composite
+def attention_weights_case(draw):
+    q, k, v, mask, causal, scale = draw(attention_inputs())
+
+    def fn(q, k):
+        value = tg.Tensor(v.astype(q.dtype))
+        return F.scaled_dot_product_attention(q, k, value, mask, is_causal=causal, scale=scale,
+                                              need_weights=True)[1]
+    return Case(fn, lambda q, k: ref.attention(q, k, v, mask, causal, scale)[1], (q, k))
+
+
 def _gelu_tanh(a):
     return 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3)))
 
@@ -256,6 +374,14 @@ CASES = {
     "Cat": [cat_case()],
     "Stack": [stack_case()],
     "MatMul": [matmul_case()],
+    "Linear": [linear_case()],
+    "Softmax": [softmax_case(log=False)],
+    "LogSoftmax": [softmax_case(log=True)],
+    "LayerNorm": [layer_norm_case()],
+    "Dropout": [dropout_case()],
+    "CrossEntropy": [cross_entropy_case()],
+    "ScaledDotProductAttention": [attention_case()],
+    "AttentionWeights": [attention_weights_case()],
 }
 
 CASE_IDS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]

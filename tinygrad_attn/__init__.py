@@ -6,7 +6,8 @@ to explain Transformers on a CPU.
     (x * x).sum().backward()
     x.grad  # tensor([[2., 4.]])
 """
-from . import functional, nn, ops  # noqa: F401
+from . import _memory
+from . import functional, nn, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
 from .checkpoint import CheckpointError, load, save
@@ -17,6 +18,8 @@ from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, 
                      matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
                      tensor, where, zeros, zeros_like)
 from . import data, optim  # noqa: F401  (after Tensor: they build on it)
+
+_memory.keep_freed_memory()
 
 __version__ = "0.1.0"
 

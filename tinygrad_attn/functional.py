@@ -1,17 +1,22 @@
 """Functions on tensors with PyTorch's names and signatures (torch.nn.functional).
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
-(softmax, layer_norm, cross_entropy, attention, dropout) are written here by
-composing primitive ops, so each is correct by construction and every step is
-visible; fused kernels can replace them underneath without changing callers.
+(linear, softmax, log_softmax, layer_norm, cross_entropy, attention, dropout)
+call fused ops backed by Numba kernels. Their composite versions, written
+step by step with primitive ops, are in `tinygrad_attn.reference`: read
+those to see the math, and the tests check the fused ones against them.
 """
-import math
-
 import numpy as np
 
-from .random import get_generator
-from .shapes import ShapeError, normalize_axis
-from .tensor import Tensor, where
+from .autograd import is_grad_enabled
+from .ops.attention import AttentionWeights, ScaledDotProductAttention
+from .ops.dropout import Dropout
+from .ops.loss import CrossEntropy
+from .ops.matmul import Linear
+from .ops.norm import LayerNorm
+from .ops.softmax import LogSoftmax, Softmax
+from .shapes import ShapeError
+from .tensor import Tensor
 
 
 def relu(x):
@@ -32,11 +37,7 @@ def tanh(x):
 
 def linear(x, weight, bias=None):
     """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
-    if x.shape[-1] != weight.shape[-1]:
-        raise ShapeError(f"linear: input of shape {x.shape} does not fit a weight of shape "
-                         f"{weight.shape} (expected last input dim {weight.shape[-1]})")
-    y = x @ weight.T
-    return y if bias is None else y + bias
+    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
 def embedding(indices, weight):
@@ -51,17 +52,13 @@ def embedding(indices, weight):
 
 
 def softmax(x, dim=-1):
-    """exp(x_i) / sum_j exp(x_j) along `dim`, shifted by the max for stability."""
-    normalize_axis(dim, x.ndim, "softmax")
-    shifted = x - x.max(axis=dim, keepdims=True).detach()
-    e = shifted.exp()
-    return e / e.sum(axis=dim, keepdims=True)
+    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits)."""
+    return Softmax.apply(x, axis=dim)
 
 
 def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim`."""
-    normalize_axis(dim, x.ndim, "log_softmax")
-    return x - x.logsumexp(axis=dim, keepdims=True)
+    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel)."""
+    return LogSoftmax.apply(x, axis=dim)
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -69,101 +66,67 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     len(normalized_shape) axes (biased variance, as torch.nn.LayerNorm)."""
     normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(normalized_shape)
-    if x.shape[x.ndim - k:] != normalized_shape:
+    if k == 0 or x.shape[x.ndim - k:] != normalized_shape:
         raise ShapeError(f"layer_norm: input of shape {x.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
-    axes = tuple(range(x.ndim - k, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    centered = x - mean
-    var = (centered * centered).mean(axis=axes, keepdims=True)
-    y = centered / (var + eps).sqrt()
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
+    dtype = x.dtype if x.dtype.kind == "f" else np.float32
+    weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
+    bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
+    return LayerNorm.apply(x, weight, bias, normalized_ndim=k, eps=eps)
 
 
 def dropout(x, p=0.5, training=True):
-    """Zero each element with probability p and scale the rest by 1/(1-p)."""
+    """Zero each element with probability p and scale the rest by 1/(1-p).
+
+    The mask is hashed from (a key drawn from the framework's generator,
+    element index), so `manual_seed` makes it reproducible."""
     if not 0 <= p <= 1:
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0:
         return x
-    if p == 1:
-        return x * 0
-    keep = get_generator().random(x.shape, dtype=np.float32) >= p
-    return x * Tensor(keep.astype(x.dtype) / x.dtype.type(1 - p))
+    return Dropout.apply(x, p=p)
 
 
 def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
-    """Cross-entropy between `logits` and integer class `target`.
+    """Cross-entropy between `logits` and integer class `target`, fused with log-softmax.
 
     logits: (N, C), (C,) or (N, C, d1, ...) with classes on axis 1 as in
     PyTorch; target: integers of shape (N,), () or (N, d1, ...). Targets equal
     to `ignore_index` contribute nothing; "mean" divides by the number of the
-    others. With label smoothing e the loss per element is
-    (1 - e) * (-log p_target) + e * mean_c(-log p_c).
+    others (NaN if there are none, as PyTorch). With label smoothing e the
+    loss per element is (1 - e) * (-log p_target) + e * mean_c(-log p_c).
     """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
-    if logits.ndim == 1:
-        logits, t = logits.reshape(1, -1), t.reshape(1)
-    elif logits.ndim > 2:
-        logits = logits.swapaxes(1, -1) if logits.ndim == 3 else logits.permute(
-            (0,) + tuple(range(2, logits.ndim)) + (1,))
-    expected = logits.shape[:-1]
-    if t.shape != expected:
-        raise ShapeError(f"cross_entropy: target of shape {t.shape} does not match logits "
-                         f"(expected target shape {expected} for {logits.shape[-1]} classes)")
-    n_classes = logits.shape[-1]
-    valid = t != ignore_index
-    if ((t[valid] < 0) | (t[valid] >= n_classes)).any():
-        raise IndexError(f"cross_entropy: target values must be in [0, {n_classes}) or ignore_index")
-    safe_t = np.where(valid, t, 0)
-    logp = log_softmax(logits, dim=-1)
-    picked = logp.reshape(-1, n_classes)[np.arange(safe_t.size), safe_t.reshape(-1)].reshape(t.shape)
-    loss = -picked
-    if label_smoothing:
-        loss = (1 - label_smoothing) * loss - label_smoothing * logp.mean(axis=-1)
-    loss = loss * Tensor(valid.astype(logits.dtype))
-    if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    n_valid = int(valid.sum())
-    return loss.sum() / n_valid if n_valid else loss.sum() * np.nan  # PyTorch also gives NaN
+    return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
+                              label_smoothing=label_smoothing, reduction=reduction)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, need_weights=False):
-    """softmax(Q K^T * scale + mask) V, batched over all leading axes.
+    """softmax(Q K^T * scale + mask) V, batched over all leading axes, in one fused kernel.
 
     Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
     1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
     boolean mask is True where a query MAY attend, a float mask is added to
-    the scores. `is_causal` lets query i see keys j <= i. Returns the
-    output, or (output, weights) with need_weights=True.
+    the scores. `is_causal` lets query i see keys j <= i. Dropout (p =
+    dropout_p) is applied to the weights. Returns the output, or (output,
+    weights) with need_weights=True (weights before dropout, with the batch
+    shape of the output; gradients flow through them too).
+
+    A query that may attend to no key (its mask row all False / -inf) gets
+    zero weights, an output of 0 and no gradient. PyTorch's math path gives
+    NaN there, which then spreads through the whole backward pass.
     """
-    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
-        raise ShapeError(f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and "
-                         f"value {value.shape} do not fit (need query[-1] == key[-1] and "
-                         f"key[-2] == value[-2])")
-    L, S = query.shape[-2], key.shape[-2]
-    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = (query @ key.swapaxes(-2, -1)) * scale
-    if is_causal:
-        scores = scores.masked_fill(Tensor(np.triu(np.ones((L, S), dtype=bool), k=1)), -np.inf)
+    inputs = (query, key, value)
     if attn_mask is not None:
-        m = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
-        if m.dtype == np.bool_:
-            scores = where(Tensor(m), scores, -np.inf)
-        else:
-            scores = scores + attn_mask
-    weights = softmax(scores, dim=-1)
-    attn = dropout(weights, dropout_p) if dropout_p > 0 else weights
-    out = attn @ value
-    return (out, weights) if need_weights else out
+        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+    out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
+                                                        dropout_p=dropout_p)
+    if not need_weights:
+        return out
+    weights = ctx.weights
+    if is_grad_enabled() and any(t.requires_grad for t in inputs if t is not value):
+        qk_mask = (query, key) + inputs[3:]
+        return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
+                                           value_batch=value.shape[:-2])
+    return out, Tensor(weights)

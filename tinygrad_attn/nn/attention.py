@@ -64,7 +64,8 @@ class MultiHeadAttention(Module):
         is_causal: query i attends only to keys j <= i. Without attn_mask the
             causal mask is built here (PyTorch requires passing it); with
             attn_mask, the given mask is used as is.
-    A query whose keys are all blocked gets NaN, as in PyTorch. (Note that
+    A query whose keys are all blocked gets zero weights (PyTorch: NaN), so
+    its output is out_proj(0) = out_proj.bias. (Note that
     `functional.scaled_dot_product_attention` uses the opposite boolean
     convention, True = may attend, like torch.nn.functional's; the masks are
     converted here.)

@@ -1,0 +1,490 @@
+"""The fused ops and their Numba kernels.
+
+tests/test_ops.py gradchecks every op against finite differences and a
+numpy reference on small shapes. Here: the fused functions against the
+composite versions in `tinygrad_attn.reference` (values and gradients),
+larger inputs in float32, numerical edge cases (huge logits, -inf, NaN,
+queries with no key), the dropout mask, determinism, errors, and the Numba
+set-up (cache directory, threads).
+"""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from numba import njit
+
+import tinygrad_attn as tg
+from tinygrad_attn import functional as F
+from tinygrad_attn import reference as R
+from tinygrad_attn.ops import kernels
+from tinygrad_attn.ops.kernels import mathx, setup, threads
+
+from . import references as ref
+
+rng = np.random.default_rng(1234)
+
+
+def randn(*shape, dtype=np.float64, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def run_both(fused, composite, arrays, seed=0):
+    """Values and input gradients of fused(*tensors) and composite(*tensors),
+    each run after manual_seed(seed) (so dropout draws the same key)."""
+    results = []
+    for fn in (fused, composite):
+        ts = [tg.Tensor(a.copy(), requires_grad=True) for a in arrays]
+        tg.manual_seed(seed)
+        out = fn(*ts)
+        outs = out if isinstance(out, tuple) else (out,)
+        total = sum((o * tg.Tensor(np.cos(np.arange(o.size)).reshape(o.shape))).sum() for o in outs)
+        total.backward()
+        results.append(([o.data for o in outs], [t.grad.data if t.grad is not None else None for t in ts]))
+    return results
+
+
+def assert_same(fused, composite, arrays, rtol=1e-10, atol=1e-12, seed=0):
+    (out_f, grad_f), (out_c, grad_c) = run_both(fused, composite, arrays, seed)
+    for a, b in zip(out_f, out_c):
+        np.testing.assert_allclose(a, np.broadcast_to(b, a.shape), rtol=rtol, atol=atol)
+    for a, b in zip(grad_f, grad_c):
+        if b is None:
+            assert a is None or not a.any()
+        else:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------ fused against composite
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_matches_composite(axis, log):
+    x = np.ascontiguousarray(randn(6, 5, 7).transpose(2, 0, 1))[:, ::2]  # strided input
+    fused, composite = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
+    assert_same(lambda t: fused(t, dim=axis), lambda t: composite(t, dim=axis), (x,))
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("norm_shape", [(7,), (5, 7)])
+def test_layer_norm_matches_composite(affine, norm_shape):
+    x = randn(3, 5, 7) * 2 + 1
+    w, b = randn(*norm_shape), randn(*norm_shape)
+    use_w, use_b = affine in ("both", "weight"), affine in ("both", "bias")
+    arrays = (x,) + ((w,) if use_w else ()) + ((b,) if use_b else ())
+
+    def call(fn):
+        def f(x, *wb):
+            wb = list(wb)
+            weight = wb.pop(0) if use_w else None
+            bias = wb.pop(0) if use_b else None
+            return fn(x, norm_shape, weight, bias, eps=1e-3)
+        return f
+    assert_same(call(F.layer_norm), call(R.layer_norm), arrays)
+
+
+@pytest.mark.parametrize("x_shape", [(5,), (4, 5), (2, 3, 5)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_composite(x_shape, bias):
+    arrays = (randn(*x_shape), randn(6, 5)) + ((randn(6),) if bias else ())
+    assert_same(F.linear, R.linear, arrays)
+
+
+@pytest.mark.parametrize("layout", [(6, 5), (5,), (3, 5, 4), (2, 5, 3, 2)])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_matches_composite(layout, reduction, smoothing):
+    x = randn(*layout, scale=3)
+    target_shape = layout[:1] + layout[2:] if len(layout) > 1 else ()
+    target = rng.integers(0, 5, target_shape)
+    if target.ndim:
+        target.flat[::3] = -1  # ignored
+        target.flat[1] = 2
+    kw = dict(ignore_index=-1, label_smoothing=smoothing, reduction=reduction)
+    assert_same(lambda t: F.cross_entropy(t, target, **kw), lambda t: R.cross_entropy(t, target, **kw), (x,))
+
+
+def test_cross_entropy_mean_over_no_targets_is_nan_as_in_pytorch():
+    x = tg.Tensor(randn(3, 4), requires_grad=True)
+    loss = F.cross_entropy(x, np.full(3, -100))
+    assert np.isnan(loss.item())
+    loss.backward()
+    assert not x.grad.data.any()
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "bool-broadcast"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_attention_matches_composite(mask_kind, causal, dropout_p):
+    q, k, v = randn(2, 3, 5, 4), randn(2, 3, 6, 4), randn(2, 3, 6, 3)
+    mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
+            "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
+    kw = dict(attn_mask=mask, is_causal=causal, dropout_p=dropout_p, need_weights=True)
+    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **kw),
+                lambda *a: R.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
+
+
+def test_attention_gradient_reaches_a_float_mask():
+    q, k, v, m = randn(2, 4, 3), randn(2, 5, 3), randn(2, 5, 2), randn(4, 5)
+    assert_same(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                lambda q, k, v, m: R.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, m))
+
+
+def test_attention_broadcasts_key_and_value_over_heads():
+    q, k, v = randn(2, 4, 5, 3), randn(2, 1, 6, 3), randn(1, 1, 6, 2)
+    assert_same(F.scaled_dot_product_attention, R.scaled_dot_product_attention, (q, k, v))
+
+
+def test_dropout_matches_composite_with_the_same_seed():
+    x = randn(3, 40, 7)
+    assert_same(lambda t: F.dropout(t, 0.25), lambda t: R.dropout(t, 0.25), (x,), seed=3)
+
+
+def test_batched_matmul_reads_transposed_views_in_place():
+    from tinygrad_attn.ops._layout import as_matrices
+    b = randn(3, 4, 7, 6)
+    buffer, offsets, ld, transposed = as_matrices(np.swapaxes(b, -1, -2), (2, 3, 4), allow_transposed=True)
+    assert transposed and np.shares_memory(buffer, b)  # BLAS reads it transposed: no copy
+    assert ld == 6 and offsets.tolist() == list(range(0, 12 * 42, 42)) * 2  # broadcast: offsets repeat
+    heads = randn(2, 5, 3, 4).transpose(0, 2, 1, 3)  # (B, T, H, E) seen as (B, H, T, E)
+    buffer, offsets, ld, transposed = as_matrices(heads, (2, 3))
+    assert not transposed and np.shares_memory(buffer, heads) and ld == 12
+    for a_shape, b_shape, swap_a in [((3, 4, 5, 6), (3, 4, 7, 6), False), ((2, 1, 6, 5), (3, 6, 4), True)]:
+        a, b = randn(*a_shape), randn(*b_shape)
+        ta, tb = tg.Tensor(a, requires_grad=True), tg.Tensor(b, requires_grad=True)
+        if swap_a:  # a^T @ b with a broadcast batch axis
+            out, expected = ta.swapaxes(-1, -2) @ tb, np.swapaxes(a, -1, -2) @ b
+        else:  # a @ b^T
+            out, expected = ta @ tb.swapaxes(-1, -2), a @ np.swapaxes(b, -1, -2)
+        g = randn(*out.shape)
+        out.backward(g)
+        np.testing.assert_allclose(out.data, expected, rtol=1e-12)
+        if swap_a:  # dA^T = G B^T summed over the broadcast axis; dB = A^T G = a G summed over axis 0
+            ga = np.swapaxes((g @ np.swapaxes(b, -1, -2)).sum(axis=1, keepdims=True), -1, -2)
+            gb = (a @ g).sum(axis=0)
+        else:
+            ga, gb = g @ b, np.swapaxes(g, -1, -2) @ a
+        np.testing.assert_allclose(ta.grad.data, ga, rtol=1e-10)
+        np.testing.assert_allclose(tb.grad.data, gb, rtol=1e-10)
+
+
+def test_gemm_works_with_numpy_and_with_scipy_blas():
+    from tinygrad_attn.ops.kernels import blas
+    a, b = randn(3, 4, 5, dtype=np.float32), randn(3, 6, 5, dtype=np.float32)
+    a_offsets, b_offsets = np.arange(3, dtype=np.int64) * 20, np.arange(3, dtype=np.int64) * 30
+    for library in (blas.BLAS, np.array(blas._scipy_blas(), np.int64)):  # 64- and 32-bit integers
+        out = np.empty((3, 4, 6), np.float32)
+        kernels.batched_matmul(library, a.reshape(-1), a_offsets, 5, False, b.reshape(-1), b_offsets, 5, True,
+                               4, 6, 5, out, 0, 3)
+        np.testing.assert_allclose(out, a @ b.swapaxes(1, 2), rtol=1e-5)
+
+
+def test_freed_memory_is_kept_unless_disabled(monkeypatch):
+    from tinygrad_attn import _memory
+    monkeypatch.setenv("TINYGRAD_ATTN_KEEP_MEMORY", "0")
+    assert _memory.keep_freed_memory() is False
+    monkeypatch.setenv("TINYGRAD_ATTN_KEEP_MEMORY", "1")
+    import platform
+    assert _memory.keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+# --------------------------------------------- kernels on larger inputs, float32
+
+def test_float32_kernels_match_numpy_at_transformer_sizes():
+    x = randn(2048, 128, dtype=np.float32, scale=3)
+    np.testing.assert_allclose(F.softmax(tg.Tensor(x)).data, ref.softmax(x.astype(np.float64)),
+                               rtol=2e-6, atol=1e-7)
+    w, b = randn(128, dtype=np.float32), randn(128, dtype=np.float32)
+    np.testing.assert_allclose(F.layer_norm(tg.Tensor(x), 128, tg.Tensor(w), tg.Tensor(b)).data,
+                               ref.layer_norm(x.astype(np.float64), w, b, 1), rtol=1e-4, atol=1e-5)
+    t = rng.integers(0, 128, 2048)
+    np.testing.assert_allclose(F.cross_entropy(tg.Tensor(x), t).item(),
+                               ref.cross_entropy(x.astype(np.float64), t), rtol=1e-5)
+    q, k, v = (randn(8, 4, 64, 32, dtype=np.float32) for _ in range(3))
+    out = F.scaled_dot_product_attention(tg.Tensor(q), tg.Tensor(k), tg.Tensor(v), is_causal=True)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out.data, ref.attention(*(a.astype(np.float64) for a in (q, k, v)),
+                                                       causal=True)[0], rtol=1e-4, atol=1e-5)
+
+
+@njit(cache=True)
+def _exp_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = mathx.exp(x[i])
+
+
+@pytest.mark.parametrize("dtype,ulps", [(np.float32, 2), (np.float64, 2)])
+def test_polynomial_exp_is_accurate_to_a_few_ulps(dtype, ulps):
+    x = np.concatenate([np.linspace(-80, 80, 20001), randn(1000)]).astype(dtype)
+    out = np.empty_like(x)
+    _exp_all(x, out)
+    expected = np.exp(x.astype(np.float64))
+    assert np.all(np.abs(out - expected) <= ulps * np.finfo(dtype).eps * expected)
+    specials = np.array([-np.inf, -1e4, -800.0, 0.0, np.nan], dtype)
+    _exp_all(specials, out[:5])
+    assert out[:3].tolist() == [0.0, 0.0, 0.0] and out[3] == 1.0 and np.isnan(out[4])
+
+
+def test_softmax_is_stable_for_huge_logits_and_keeps_nan():
+    x = np.array([[1e4, -1e4, 0.0, 1e4], [-np.inf, 0.0, -np.inf, 1.0], [1.0, np.nan, 2.0, 0.0]],
+                 np.float32)
+    y = F.softmax(tg.Tensor(x)).data
+    np.testing.assert_allclose(y[0], [0.5, 0, 0, 0.5])
+    assert y[1, 0] == 0 and y[1, 2] == 0  # -inf gives an exact 0
+    np.testing.assert_allclose(y[1, [1, 3]], ref.softmax(np.array([0.0, 1.0])), rtol=1e-6)
+    assert np.isnan(y[2]).all()
+    logp = F.log_softmax(tg.Tensor(x[:1])).data
+    np.testing.assert_allclose(logp, [[-np.log(2), -2e4 - np.log(2), -1e4 - np.log(2), -np.log(2)]],
+                               rtol=1e-6)
+    loss = F.cross_entropy(tg.Tensor(x[:1]), np.array([1]))
+    np.testing.assert_allclose(loss.item(), 2e4 + np.log(2), rtol=1e-6)
+
+
+# ------------------------------------------------ attention: no key to attend
+
+def test_query_with_no_allowed_key_gets_zero_output_and_zero_gradient():
+    q, k, v = (tg.Tensor(randn(1, 2, 3, 4), requires_grad=True) for _ in range(3))
+    mask = np.ones((3, 3), bool)
+    mask[1] = False  # query 1 may attend to nothing
+    out, w = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
+    assert not out.data[..., 1, :].any() and not w.data[..., 1, :].any()
+    np.testing.assert_allclose(w.data[..., [0, 2], :].sum(-1), 1.0)
+    (out * out).sum().backward()
+    assert not q.grad.data[..., 1, :].any()
+    assert np.isfinite(k.grad.data).all() and np.isfinite(v.grad.data).all()
+
+
+def test_multihead_attention_query_with_every_key_blocked_gives_the_output_bias():
+    from tinygrad_attn import nn
+    tg.manual_seed(0)
+    mha = nn.MultiHeadAttention(8, 2)
+    mha.out_proj.bias.data[:] = np.arange(8, dtype=np.float32)
+    blocked = np.zeros((3, 3), bool)
+    blocked[1] = True  # nn's convention: True = may NOT attend
+    out, _ = mha(tg.randn(2, 3, 8), tg.randn(2, 3, 8), tg.randn(2, 3, 8), attn_mask=blocked)
+    np.testing.assert_allclose(out.data[:, 1], np.broadcast_to(np.arange(8.0), (2, 8)))
+
+
+def test_attention_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    q, k, v = randn(2, 3, 5, 4), randn(2, 3, 7, 4), randn(2, 3, 7, 6)
+    mask = rng.random((5, 7)) > 0.3
+    mask[:, 0] = True
+    ts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(*ts, attn_mask=torch.tensor(mask), scale=0.3)
+    expected.sum().backward()
+    ours = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, attn_mask=mask, scale=0.3)
+    out.sum().backward()
+    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for a, b in zip(ours, ts):
+        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_cross_entropy_and_layer_norm_match_pytorch():
+    torch = pytest.importorskip("torch")
+    x, t = randn(4, 6, 3), rng.integers(0, 6, (4, 3))
+    t[0, 0] = 5
+    tx = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.cross_entropy(tx, torch.tensor(t), ignore_index=5, label_smoothing=0.1).backward()
+    ox = tg.Tensor(x, requires_grad=True)
+    loss = F.cross_entropy(ox, t, ignore_index=5, label_smoothing=0.1)
+    loss.backward()
+    np.testing.assert_allclose(ox.grad.data, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    y = F.layer_norm(tg.Tensor(x), (6, 3), tg.Tensor(np.full((6, 3), 2.0)), None)
+    weight = torch.full((6, 3), 2.0, dtype=torch.float64)
+    expected = torch.nn.functional.layer_norm(torch.tensor(x), (6, 3), weight)
+    np.testing.assert_allclose(y.data, expected.numpy(), rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------ dropout
+
+def test_dropout_mask_rate_scale_and_backward():
+    x = tg.Tensor(np.ones((200, 500), np.float32), requires_grad=True)
+    y = F.dropout(x, 0.3)
+    kept = y.data != 0
+    assert abs(kept.mean() - 0.7) < 0.005  # 100k Bernoulli(0.7): sd 0.0015
+    np.testing.assert_allclose(y.data[kept], 1 / 0.7, rtol=1e-6)
+    y.backward(np.full(y.shape, 2.0, np.float32))
+    np.testing.assert_array_equal(x.grad.data != 0, kept)  # the same mask in backward
+    # neighbouring elements and rows are not correlated
+    u = kept.astype(float)
+    assert abs(np.corrcoef(u[:, :-1].ravel(), u[:, 1:].ravel())[0, 1]) < 0.02
+    assert abs(np.corrcoef(u[:-1].ravel(), u[1:].ravel())[0, 1]) < 0.02
+
+
+def test_dropout_follows_manual_seed_and_the_special_cases():
+    x = tg.Tensor(randn(50, 50, dtype=np.float32))
+    tg.manual_seed(11)
+    a = F.dropout(x, 0.5).data
+    b = F.dropout(x, 0.5).data
+    tg.manual_seed(11)
+    np.testing.assert_array_equal(F.dropout(x, 0.5).data, a)
+    assert (a != b).any()
+    assert F.dropout(x, 0.0) is x and F.dropout(x, 0.5, training=False) is x
+    assert not F.dropout(x, 1.0).data.any()
+    with pytest.raises(ValueError, match="dropout"):
+        F.dropout(x, 1.5)
+    with pytest.raises(ValueError, match="dropout"):
+        F.scaled_dot_product_attention(x, x, x, dropout_p=-0.1)
+
+
+def test_dropout_mask_is_the_documented_hash():
+    key, p = 12345, 0.4
+    x = np.ones(1000, np.float32)
+    out = np.empty_like(x)
+    threshold = np.uint32(round(p * 2**32))
+    kernels.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out, 0, x.size)
+    np.testing.assert_array_equal(out != 0, ref.dropout_keep(x.shape, p, key))
+    indices = np.arange(1000)
+    np.testing.assert_array_equal(mathx.uniform_bits_numpy(key, indices), ref.random_bits(key, indices))
+
+
+# -------------------------------------------------------------- determinism
+
+def _every_kernel(threads_count):
+    """Outputs and gradients of each fused op on fixed inputs, with `threads_count` threads."""
+    before = threads.get_num_threads()
+    kernels.set_num_threads(threads_count)
+    try:
+        local = np.random.default_rng(5)
+        x = local.standard_normal((16384, 96)).astype(np.float32)  # several ranges per kernel
+        q, k, v = (local.standard_normal((8, 4, 48, 32)).astype(np.float32) for _ in range(3))
+        results = []
+        cases = [
+            lambda t: F.softmax(t[0]),
+            lambda t: F.layer_norm(t[0], 96, t[0][0] * 0 + 1.5, None),
+            lambda t: F.cross_entropy(t[0], np.arange(16384) % 96, label_smoothing=0.1),
+            lambda t: F.dropout(t[0], 0.2),
+            lambda t: F.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=True, dropout_p=0.1),
+            lambda t: t[1] @ t[2].swapaxes(-1, -2),
+        ]
+        for case in cases:
+            ts = [tg.Tensor(a, requires_grad=True) for a in (x, q, k, v)]
+            tg.manual_seed(0)
+            out = case(ts)
+            out.backward(np.ones(out.shape, np.float32))
+            results.append([out.data.copy()] + [t.grad.data.copy() for t in ts if t.grad is not None])
+        return results
+    finally:
+        kernels.set_num_threads(before)
+
+
+def test_results_are_bit_identical_run_to_run_and_across_thread_counts():
+    many = max(3, threads.get_num_threads())  # more threads than cores is fine here
+    first, second, single = _every_kernel(many), _every_kernel(many), _every_kernel(1)
+    for a, b, c in zip(first, second, single):
+        for x, y, z in zip(a, b, c):
+            np.testing.assert_array_equal(x, y)
+            np.testing.assert_array_equal(x, z)
+
+
+# ------------------------------------------------- float32 stays float32
+
+def _float64_variables(func, signature):
+    """Named (or loop-carried) variables that Numba types float64 in func(signature).
+
+    Type inference only, no code generation: cheap. In a float32 kernel a
+    float64 variable means a Python float literal or an int/float mix
+    promoted the arithmetic, which halves SIMD width (and, in a loop, speed).
+    """
+    from numba.core import compiler, typed_passes
+    from numba.core.registry import cpu_target
+    interp = compiler.run_frontend(func)
+    result = typed_passes.type_inference_stage(cpu_target.typing_context, cpu_target.target_context,
+                                               interp, signature, None)
+    return sorted(name for name, ty in result.typemap.items()
+                  if "float64" in str(ty) and (not name.startswith("$") or name.startswith("$phi")))
+
+
+def test_float32_kernels_compute_in_float32():
+    from numba import types
+
+    from tinygrad_attn.ops.kernels import attention as A
+    from tinygrad_attn.ops.kernels import reductions as Rd
+    _every_kernel(threads.get_num_threads())  # gives each kernel its float32 signature
+    f32 = types.float32
+    row, matrix = types.Array(f32, 1, "C"), types.Array(f32, 2, "C")
+    helpers = {
+        mathx._exp32: (f32,),
+        A._masked_softmax_rows: (matrix, matrix, types.boolean, types.boolean),
+        A._times_dropout: (matrix, matrix, matrix, types.int64, types.uint32, types.uint32, f32),
+        Rd.max_of: (row,), Rd.sum_of: (row,), Rd.sum_exp: (row, f32),
+    }
+    checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
+    for name in ("softmax_forward", "softmax_backward", "layer_norm_forward", "layer_norm_backward",
+                 "cross_entropy_forward", "cross_entropy_backward", "dropout_apply", "attention_forward",
+                 "attention_backward", "batched_matmul"):
+        kernel = getattr(kernels, name)
+        sig = next(s for s in kernel.signatures if any(getattr(t, "dtype", None) == types.float32 for t in s))
+        checked.append((kernel.py_func, sig))
+    for func, sig in checked:
+        assert _float64_variables(func, sig) == [], func.__name__
+
+
+# ------------------------------------------------------------------- errors
+
+def test_bad_inputs_raise_errors_naming_the_op_and_shapes():
+    t = lambda *shape: tg.Tensor(np.ones(shape, np.float32))
+    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*\(2, 3, 4\).*\(2, 5, 3\)"):
+        F.scaled_dot_product_attention(t(2, 3, 4), t(2, 5, 3), t(2, 5, 3))
+    with pytest.raises(tg.ShapeError, match=r"attn_mask.*\(4, 4\)"):
+        F.scaled_dot_product_attention(t(2, 3, 4), t(2, 5, 4), t(2, 5, 3), attn_mask=np.ones((4, 4), bool))
+    with pytest.raises(tg.ShapeError, match=r"layer_norm.*\(2, 3\).*\(4,\)"):
+        F.layer_norm(t(2, 3), (4,))
+    with pytest.raises(tg.ShapeError, match=r"layer_norm.*\(2, 3\).*weight \(2,\)"):
+        F.layer_norm(t(2, 3), (3,), t(2), None)
+    with pytest.raises(tg.ShapeError, match=r"cross_entropy.*\(3,\).*\(2, 5\)"):
+        F.cross_entropy(t(2, 5), np.zeros(3, int))
+    with pytest.raises(IndexError, match=r"cross_entropy.*\[0, 5\)"):
+        F.cross_entropy(t(2, 5), np.array([0, 5]))
+    with pytest.raises(TypeError, match="cross_entropy.*integer"):
+        F.cross_entropy(t(2, 5), np.zeros(2))
+    with pytest.raises(ValueError, match="cross_entropy.*reduction"):
+        F.cross_entropy(t(2, 5), np.zeros(2, int), reduction="avg")
+    with pytest.raises(tg.ShapeError, match=r"linear.*\(2, 3\).*\(4, 5\)"):
+        F.linear(t(2, 3), t(4, 5))
+    with pytest.raises(TypeError, match="softmax.*int64"):
+        F.softmax(tg.Tensor(np.arange(3)))
+    with pytest.raises(IndexError, match="softmax"):
+        F.softmax(t(2, 3), dim=2)
+
+
+# ------------------------------------------------------------ numba set-up
+
+def test_cache_goes_elsewhere_when_the_package_directory_is_read_only(monkeypatch, tmp_path):
+    package = str(tmp_path / "kernels")
+    assert setup.choose_cache_dir(package) is None  # writable: numba's own __pycache__
+    writable = {str(tmp_path / "home" / ".cache" / "tinygrad_attn" / "numba")}
+    monkeypatch.setattr(setup, "_is_writable", lambda d: d in writable)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert setup.choose_cache_dir(package) == next(iter(writable))
+    monkeypatch.setattr(setup, "_is_writable", lambda d: False)
+    assert setup.choose_cache_dir(package) is None
+
+
+def test_parallel_for_covers_every_item_once_and_reraises_errors():
+    seen = np.zeros(1000, int)
+
+    def kernel(out, start, stop):
+        out[start:stop] += 1
+    threads.parallel_for(kernel, 1000, seen, min_items=10)
+    assert (seen == 1).all()
+    calls = []
+    threads.parallel_for(lambda start, stop: calls.append((start, stop)), 50, min_items=100)
+    assert calls == [(0, 50)]  # too little work to wake a thread
+
+    def failing(start, stop):
+        if start > 0:
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        threads.parallel_for(failing, 1000, min_items=1)
+
+
+@given(st.integers(1, 300), st.integers(1, 5))
+def test_parallel_for_splits_any_size(n, min_items):
+    seen = np.zeros(n, int)
+
+    def kernel(out, start, stop):
+        out[start:stop] += 1
+    threads.parallel_for(kernel, n, seen, min_items=min_items)
+    assert (seen == 1).all()

@@ -1,0 +1,175 @@
+"""Scaled dot-product attention as one fused op (and its weights as a second).
+
+Why fused: composed from primitive ops (`tinygrad_attn.reference.
+scaled_dot_product_attention`) attention is a matmul, a scale, a mask, a
+five-pass softmax, a dropout and a second matmul, each with a temporary of
+shape (..., L, S) and its own backward. The kernel does the whole chain
+for one (batch, head) matrix while it is in cache; BLAS does the products.
+"""
+import math
+
+import numpy as np
+
+from ..autograd import Function
+from ..shapes import ShapeError, broadcast_shapes
+from . import kernels
+from ._layout import (WORK_PER_RANGE, as_matrices, as_rows, batch_index, float_dtype, output_like,
+                      run_rows)
+from .dropout import draw_key, keep_rule
+from .matmul import stack_product
+
+
+class _Plan:
+    """Shapes, dtype and the BLAS view of Q, K, V (no copies) for one attention call."""
+
+    def __init__(self, op, q, k, v, mask, value_batch=()):
+        """`v` may be None (for the weights alone; `value_batch` then gives its batch shape)."""
+        operands = (q, k) if v is None else (q, k, v)
+        if min(a.ndim for a in operands) < 2 or q.shape[-1] != k.shape[-1] \
+                or (v is not None and k.shape[-2] != v.shape[-2]):
+            raise ShapeError(f"{op}: query {q.shape}, key {k.shape} and value "
+                             f"{None if v is None else v.shape} do not fit (need query (..., L, E), "
+                             "key (..., S, E), value (..., S, Ev))")
+        self.dtype = float_dtype(op, *operands)
+        self.L, self.E = q.shape[-2:]
+        self.S = k.shape[-2]
+        self.Ev = 0 if v is None else v.shape[-1]
+        mask_batch = () if mask is None else mask.shape[:-2]
+        if mask is not None:
+            broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
+        self.batch = broadcast_shapes(f"{op} (batch dimensions)", *(a.shape[:-2] for a in operands),
+                                      mask_batch, value_batch)
+        self.n = math.prod(self.batch)
+        self.inputs = [a.astype(self.dtype, copy=False) for a in operands]
+        self.q, self.k = (self.blas(a) for a in self.inputs[:2])
+        self.v = self.blas(self.inputs[2]) if v is not None else None
+        if mask is None:
+            self.mask, self.im = np.zeros((1, 1, 1), self.dtype), np.zeros(self.n, np.int64)
+        else:
+            full = np.broadcast_to(mask, mask_batch + (self.L, self.S))
+            if mask.dtype == np.bool_:  # True = may attend: add 0 there, -inf elsewhere
+                additive = np.where(full, self.dtype.type(0), self.dtype.type(-np.inf))
+            else:
+                additive = full.astype(self.dtype)
+            self.mask = np.ascontiguousarray(additive).reshape(-1, self.L, self.S)
+            self.im = batch_index(mask_batch, self.batch)
+
+    def blas(self, x):
+        """(buffer, offsets, row stride) of x's matrices over the full batch (see as_matrices)."""
+        return as_matrices(x, self.batch)[:3]
+
+    def output(self, like, rows, cols):
+        """An output (batch..., rows, cols): laid out like `like` when that has the full batch
+        (a permuted view in gives a permuted result out), else C-ordered and full-batch."""
+        shape = self.batch + (rows, cols)
+        if like.shape[:-2] == self.batch:
+            return output_like(like, shape, self.dtype)
+        return np.empty(shape, self.dtype)
+
+
+def _runs_per_thread(plan):
+    # one (batch, head) matrix is ~L*S*(E+Ev) multiply-adds: often worth a thread on its own
+    return max(1, WORK_PER_RANGE // max(1, plan.L * plan.S * (plan.E + plan.Ev)))
+
+
+class ScaledDotProductAttention(Function):
+    """O = (P * D) V,  P = softmax(scale * Q K^T + M) over keys, for every batch index.
+
+    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); M: the mask (a float
+    mask is added, a boolean one is True where a query may attend; with
+    is_causal query i sees keys j <= i); D: dropout (0 or 1/(1-p)). A query
+    that may attend to no key gets P = 0, so O = 0 and no gradient. With
+    G = dL/dO:
+
+        dL/dV = (P * D)^T G,   dP = (G V^T) * D,   dS = P * (dP - rowsum(P * dP))
+        dL/dQ = scale * dS K,  dL/dK = scale * dS^T Q,  dL/dM = dS (float mask)
+
+    Forward keeps P on ctx.weights (need_weights returns it); it has the
+    batch shape of the output (q, k, v and the mask broadcast together).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=None):
+        plan = _Plan("scaled_dot_product_attention", q, k, v, attn_mask)
+        dtype = plan.dtype
+        scale = dtype.type((1 / math.sqrt(plan.E) if plan.E else 1.0) if scale is None else scale)
+        threshold, keep_scale, key = np.uint32(0), dtype.type(1), np.uint32(0)  # no dropout
+        if dropout_p:
+            threshold, keep_scale = keep_rule(dropout_p, dtype)
+            key = draw_key() if seed is None else np.uint32(seed)
+        out = plan.output(q, plan.L, plan.Ev)
+        weights = np.empty((plan.n, plan.L, plan.S), dtype)
+        if plan.n and plan.L:
+            kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
+                                 plan.E, plan.Ev, plan.mask, plan.im, attn_mask is not None, bool(is_causal),
+                                 scale, key, threshold, keep_scale, weights, *plan.blas(out),
+                                 min_items=_runs_per_thread(plan))
+        ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
+        ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
+        ctx.save_for_backward(weights)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, = ctx.saved_tensors
+        plan = ctx.plan
+        q, k, v = plan.inputs
+        dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E)
+        dv = plan.output(v, plan.S, plan.Ev)
+        want_dmask = len(ctx.needs_input_grad) > 3 and ctx.needs_input_grad[3]
+        dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
+        if plan.n and plan.L:
+            kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
+                                 plan.E, plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
+                                 ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
+                                 dmask, want_dmask, min_items=_runs_per_thread(plan))
+        else:
+            dk[...], dv[...] = 0, 0  # no query: nothing flows back
+        grads = (dq, dk, dv)
+        if len(ctx.needs_input_grad) > 3:
+            grads += (dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None,)
+        return grads
+
+
+class AttentionWeights(Function):
+    """P = softmax(scale * Q K^T + M), the attention weights, as a differentiable output.
+
+    `scaled_dot_product_attention(..., need_weights=True)` returns P through
+    this op so gradients can flow through the weights too; forward takes P
+    from the attention op (`weights=`) instead of computing it again. With
+    G = dL/dP:
+
+        dS = P * (G - rowsum(G * P))
+        dL/dQ = scale * dS K,   dL/dK = scale * dS^T Q,   dL/dM = dS (float mask)
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, attn_mask=None, weights=None, scale=None, value_batch=()):
+        plan = _Plan("attention weights", q, k, None, attn_mask, value_batch)
+        if weights is None or weights.shape != plan.batch + (plan.L, plan.S):
+            raise ShapeError(f"attention weights: weights of shape "
+                             f"{None if weights is None else weights.shape} do not fit query {q.shape} "
+                             f"and key {k.shape}")
+        ctx.plan = plan
+        ctx.scale = plan.dtype.type((1 / math.sqrt(plan.E) if plan.E else 1.0) if scale is None else scale)
+        weights = np.ascontiguousarray(weights, plan.dtype)
+        ctx.save_for_backward(weights)
+        return weights
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, = ctx.saved_tensors
+        plan = ctx.plan
+        p2 = as_rows(weights)
+        ds = np.empty_like(p2)
+        if ds.size:
+            run_rows(kernels.softmax_backward, p2.shape[0], 4 * plan.S, p2, as_rows(grad, plan.dtype), ds,
+                     False)
+        ds = ds.reshape(plan.batch + (plan.L, plan.S))
+        dsm = plan.blas(ds)
+        dq = stack_product(dsm, False, plan.k, False, plan.batch, plan.L, plan.E, plan.S, plan.dtype)
+        dk = stack_product(dsm, True, plan.q, False, plan.batch, plan.S, plan.E, plan.L, plan.dtype)
+        grads = (dq * ctx.scale, dk * ctx.scale)
+        if len(ctx.needs_input_grad) > 2:
+            grads += (ds if ctx.needs_input_grad[2] else None,)
+        return grads

@@ -1,0 +1,38 @@
+"""Numba kernels for the heavy ops. They know only numpy arrays.
+
+Each kernel is a serial `@njit(nogil=True, cache=True)` function over a
+range of items (rows, matrices) given by its last two arguments, writing
+into arrays the caller allocated; `parallel_for` (threads.py) spreads the
+ranges over threads. The ops in `tinygrad_attn/ops/` check shapes,
+allocate and call them. Kernels take float32 or float64 arrays (one
+compiled version per dtype, cached on disk): rows as C-contiguous 2-D
+arrays, matrices for BLAS as (memory, offsets, row stride). They are
+deterministic: the same inputs give bit-identical outputs whatever the
+number of threads.
+
+    matmul         batched_matmul
+    softmax        softmax_forward, softmax_backward (and log-softmax)
+    layernorm      layer_norm_forward, layer_norm_backward
+    cross_entropy  cross_entropy_forward, cross_entropy_backward
+    attention      attention_forward, attention_backward
+    dropout        dropout_apply
+    mathx          exp (vectorizable), uniform_bits (the dropout hash)
+    blas           gemm on strided matrices, with numpy's BLAS (BLAS, BLAS_NAME)
+    reductions     fast-math flags; max_of, sum_of, sum_exp
+    threads        parallel_for, get_num_threads, set_num_threads
+    setup          where the compiled kernels are cached
+"""
+import os
+
+from . import setup
+
+setup.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
+
+from .attention import attention_backward, attention_forward  # noqa: E402
+from .blas import BLAS, BLAS_NAME  # noqa: E402
+from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
+from .dropout import dropout_apply  # noqa: E402
+from .layernorm import layer_norm_backward, layer_norm_forward  # noqa: E402
+from .matmul import batched_matmul  # noqa: E402
+from .softmax import softmax_backward, softmax_forward  # noqa: E402
+from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402

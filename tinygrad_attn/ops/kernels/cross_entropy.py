@@ -1,0 +1,58 @@
+"""Cross-entropy of (rows, classes) logits against integer targets, fused
+with log-softmax: the log-probabilities are never stored.
+
+Per row, with l = logsumexp(x) = m + log s, m = max_c x_c, s = sum_c exp(x_c - m)
+(so log p_c = x_c - l) and smoothing e:
+
+    loss = (1 - e) * (l - x_t) + e * (l - mean_c x_c)       (0 if t == ignore_index)
+    dloss/dx_c = p_c - (1 - e) * [c == t] - e / C,   p_c = exp(x_c - m - log s)
+
+m and log s are kept apart (forward saves both for backward): with logits
+of 1e4 in float32, m + log s would round log s away. Kernels work on rows
+[start, stop).
+"""
+import numpy as np
+from numba import njit
+
+from .mathx import exp
+from .reductions import KERNEL_FASTMATH, max_of, sum_exp, sum_of
+
+
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+def cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max_out, log_sum, start, stop):
+    """Fill loss, and the row max m and log s for backward, for rows [start, stop)."""
+    rows, classes = logits.shape
+    one = logits.dtype.type(1)
+    inv_classes = logits.dtype.type(1.0 / classes)  # a float32 kernel stays float32
+    for r in range(start, stop):
+        xr = logits[r]
+        m = max_of(xr)
+        log_s = np.log(sum_exp(xr, m))
+        total = sum_of(xr)
+        row_max_out[r] = m
+        log_sum[r] = log_s
+        t = target[r]
+        if t == ignore_index:
+            loss[r] = 0
+        else:  # l - x = log s - (x - m)
+            nll = log_s - (xr[t] - m)
+            loss[r] = (one - smoothing) * nll + smoothing * (log_s - (total * inv_classes - m))
+
+
+@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+def cross_entropy_backward(logits, target, row_max, log_sum, row_grad, ignore_index, smoothing, out,
+                           start, stop):
+    """out = dL/dlogits for rows [start, stop), where row_grad[r] = dL/dloss[r]."""
+    rows, classes = logits.shape
+    one = logits.dtype.type(1)
+    for r in range(start, stop):
+        xr, dr = logits[r], out[r]
+        t = target[r]
+        if t == ignore_index:
+            dr[:] = 0
+            continue
+        g, m, log_s = row_grad[r], row_max[r], log_sum[r]
+        uniform = smoothing * logits.dtype.type(1.0 / classes)
+        for c in range(classes):
+            dr[c] = g * (exp(xr[c] - m - log_s) - uniform)
+        dr[t] -= g * (one - smoothing)

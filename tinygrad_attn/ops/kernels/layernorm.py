@@ -1,0 +1,73 @@
+"""LayerNorm over the last axis of a (rows, n) array, forward and backward.
+
+    mu = mean(x),  rstd = 1 / sqrt(mean((x - mu)^2) + eps),  xhat = (x - mu) * rstd
+    y = xhat * w + b
+
+Forward saves mu and rstd (two numbers per row) instead of xhat; backward
+recomputes xhat on the fly. With gw = g * w,
+
+    dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
+    dw = sum over rows of g * xhat,   db = sum over rows of g
+
+Each row is one cache-resident pass. The kernels may reorder their sums
+(fast-math 'reassoc', see reductions.py): nothing here cancels
+catastrophically. Backward works on fixed blocks of
+rows: each block adds its rows' dw and db into its own partial sums, which
+the caller adds in block order, so the result does not depend on how the
+blocks are shared between threads.
+"""
+import numpy as np
+from numba import njit
+
+from .reductions import SUM_FASTMATH
+
+
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+def layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
+    """out = layer_norm(x) * weight + bias and mean, rstd for rows [start, stop)."""
+    n = x.shape[1]
+    inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
+    for r in range(start, stop):
+        xr = x[r]
+        total = x.dtype.type(0)
+        for j in range(n):
+            total += xr[j]
+        mu = total * inv_n
+        var = x.dtype.type(0)
+        for j in range(n):  # two passes: the variance of centered values does not cancel
+            d = xr[j] - mu
+            var += d * d
+        rs = x.dtype.type(1) / np.sqrt(var * inv_n + eps)
+        mean[r] = mu
+        rstd[r] = rs
+        yr = out[r]
+        for j in range(n):
+            yr[j] = (xr[j] - mu) * rs * weight[j] + bias[j]
+
+
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+def layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_blocks, block_rows,
+                        start, stop):
+    """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sums of dw, db."""
+    rows, n = x.shape
+    inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
+    for blk in range(start, stop):
+        dw, db = dweight_blocks[blk], dbias_blocks[blk]
+        dw[:] = 0
+        db[:] = 0
+        last = (blk + 1) * block_rows
+        for r in range(blk * block_rows, last if last < rows else rows):
+            xr, gr, dr = x[r], grad[r], dx[r]
+            mu, rs = mean[r], rstd[r]
+            sum_gw = x.dtype.type(0)
+            sum_gw_xhat = x.dtype.type(0)
+            for j in range(n):
+                gw = gr[j] * weight[j]
+                sum_gw += gw
+                sum_gw_xhat += gw * ((xr[j] - mu) * rs)
+            mean_gw, mean_gw_xhat = sum_gw * inv_n, sum_gw_xhat * inv_n
+            for j in range(n):
+                xhat = (xr[j] - mu) * rs
+                dw[j] += gr[j] * xhat
+                db[j] += gr[j]
+                dr[j] = rs * (gr[j] * weight[j] - mean_gw - xhat * mean_gw_xhat)

@@ -1,0 +1,65 @@
+"""Softmax and log-softmax along one axis, each one fused Numba kernel per direction.
+
+Why fused: composed from primitive ops, softmax makes five passes over
+memory with a temporary each time (max, subtract, exp, sum, divide) and
+its backward several more; the kernel finishes each row while it is in
+cache, with an exp that vectorizes. The composite version, step by step,
+is `tinygrad_attn.reference.softmax`.
+"""
+import numpy as np
+
+from ..autograd import Function
+from ..shapes import normalize_axis
+from . import kernels
+from ._layout import as_rows, float_dtype, run_rows
+
+
+def _rowwise(kernel, axis, *arrays, log):
+    """Run a softmax kernel along `axis`: move the axis last, run on rows, move it back."""
+    shape = arrays[0].shape
+    moved = [np.moveaxis(a.reshape(shape or (1,)), axis, -1) for a in arrays]
+    rows = [as_rows(a) for a in moved]
+    out = np.empty_like(rows[0])
+    if out.size:
+        run_rows(kernel, out.shape[0], 4 * out.shape[1], *rows, out, log)
+    return np.moveaxis(out.reshape(moved[0].shape), -1, axis).reshape(shape)
+
+
+class Softmax(Function):
+    """y = softmax(x) along `axis`:  y_i = exp(x_i - max x) / sum_j exp(x_j - max x).
+
+    dL/dx_i = y_i * (g_i - sum_j g_j y_j)        (g = dL/dy, sums along the axis)
+    """
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        float_dtype("softmax", x)
+        ctx.axis = normalize_axis(axis, x.ndim, "softmax")
+        y = _rowwise(kernels.softmax_forward, ctx.axis, x, log=False)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, = ctx.saved_tensors
+        return _rowwise(kernels.softmax_backward, ctx.axis, y, grad, log=False)
+
+
+class LogSoftmax(Function):
+    """y = log_softmax(x) along `axis`:  y_i = x_i - max x - log sum_j exp(x_j - max x).
+
+    dL/dx_i = g_i - exp(y_i) * sum_j g_j         (exp(y) is the softmax)
+    """
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        float_dtype("log_softmax", x)
+        ctx.axis = normalize_axis(axis, x.ndim, "log_softmax")
+        y = _rowwise(kernels.softmax_forward, ctx.axis, x, log=True)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, = ctx.saved_tensors
+        return _rowwise(kernels.softmax_backward, ctx.axis, y, grad, log=True)

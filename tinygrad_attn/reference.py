@@ -1,0 +1,160 @@
+"""The composite versions of the fused functions in `functional`.
+
+Each function here is written with primitive ops only (exp, sum, matmul,
+where, ...), so every step is visible and the engine differentiates it
+with no hand-written backward. They are the readable definitions, and the
+tests' reference for the fused Numba ops that `functional` actually calls
+(same signatures, same results up to rounding).
+"""
+import math
+
+import numpy as np
+
+from .ops.dropout import draw_key, keep_rule
+from .ops.kernels.mathx import uniform_bits_numpy
+from .shapes import ShapeError, normalize_axis
+from .tensor import Tensor, where
+
+
+def linear(x, weight, bias=None):
+    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
+    if x.shape[-1] != weight.shape[-1]:
+        raise ShapeError(f"linear: input of shape {x.shape} does not fit a weight of shape "
+                         f"{weight.shape} (expected last input dim {weight.shape[-1]})")
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def softmax(x, dim=-1):
+    """exp(x_i) / sum_j exp(x_j) along `dim`, shifted by the max for stability."""
+    normalize_axis(dim, x.ndim, "softmax")
+    shifted = x - x.max(axis=dim, keepdims=True).detach()
+    e = shifted.exp()
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+def log_softmax(x, dim=-1):
+    """x_i - log sum_j exp(x_j) along `dim`."""
+    normalize_axis(dim, x.ndim, "log_softmax")
+    return x - x.logsumexp(axis=dim, keepdims=True)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last
+    len(normalized_shape) axes (biased variance, as torch.nn.LayerNorm)."""
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(normalized_shape)
+    if x.shape[x.ndim - k:] != normalized_shape:
+        raise ShapeError(f"layer_norm: input of shape {x.shape} does not end with "
+                         f"normalized_shape {normalized_shape}")
+    axes = tuple(range(x.ndim - k, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=axes, keepdims=True)
+    y = centered / (var + eps).sqrt()
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def dropout(x, p=0.5, training=True):
+    """Zero each element with probability p and scale the rest by 1/(1-p).
+
+    The mask is the one the dropout kernel computes: element i (in C order)
+    is kept when 32 random bits hashed from (key, i) are >= p * 2^32, with
+    the key drawn from the framework's generator. So with the same
+    `manual_seed` this and `functional.dropout` drop the same elements.
+    """
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0:
+        return x
+    threshold, scale = keep_rule(p, x.dtype)
+    keep = uniform_bits_numpy(draw_key(), np.arange(x.size).reshape(x.shape)) >= threshold
+    return x * Tensor(keep.astype(x.dtype) * scale)
+
+
+def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """Cross-entropy between `logits` and integer class `target`.
+
+    logits: (N, C), (C,) or (N, C, d1, ...) with classes on axis 1 as in
+    PyTorch; target: integers of shape (N,), () or (N, d1, ...). Targets equal
+    to `ignore_index` contribute nothing; "mean" divides by the number of the
+    others. With label smoothing e the loss per element is
+    (1 - e) * (-log p_target) + e * mean_c(-log p_c).
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
+    target_shape = t.shape
+    if logits.ndim == 1:
+        logits, t = logits.reshape(1, -1), t.reshape(1)
+    elif logits.ndim > 2:
+        logits = logits.swapaxes(1, -1) if logits.ndim == 3 else logits.permute(
+            (0,) + tuple(range(2, logits.ndim)) + (1,))
+    expected = logits.shape[:-1]
+    if t.shape != expected:
+        raise ShapeError(f"cross_entropy: target of shape {t.shape} does not match logits "
+                         f"(expected target shape {expected} for {logits.shape[-1]} classes)")
+    n_classes = logits.shape[-1]
+    valid = t != ignore_index
+    if ((t[valid] < 0) | (t[valid] >= n_classes)).any():
+        raise IndexError(f"cross_entropy: target values must be in [0, {n_classes}) or ignore_index")
+    safe_t = np.where(valid, t, 0)
+    logp = log_softmax(logits, dim=-1)
+    picked = logp.reshape(-1, n_classes)[np.arange(safe_t.size), safe_t.reshape(-1)].reshape(t.shape)
+    loss = -picked
+    if label_smoothing:
+        loss = (1 - label_smoothing) * loss - label_smoothing * logp.mean(axis=-1)
+    loss = loss * Tensor(valid.astype(logits.dtype))
+    if reduction == "none":
+        return loss.reshape(target_shape)  # () for (C,) logits, as PyTorch
+    if reduction == "sum":
+        return loss.sum()
+    n_valid = int(valid.sum())
+    return loss.sum() / n_valid if n_valid else loss.sum() * np.nan  # PyTorch also gives NaN
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, need_weights=False):
+    """softmax(Q K^T * scale + mask) V, batched over all leading axes.
+
+    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
+    1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
+    boolean mask is True where a query MAY attend, a float mask is added to
+    the scores. `is_causal` lets query i see keys j <= i. Returns the
+    output, or (output, weights) with need_weights=True.
+
+    A query that may attend to no key gets zero weights (an output of 0
+    and no gradient), as in the fused version: the row of -inf scores is
+    replaced by a row of zeros before the softmax, and the softmax is then
+    multiplied by a mask of rows that had any key.
+    """
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise ShapeError(f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and "
+                         f"value {value.shape} do not fit (need query[-1] == key[-1] and "
+                         f"key[-2] == value[-2])")
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.swapaxes(-2, -1)) * scale
+    if is_causal:
+        scores = scores.masked_fill(Tensor(np.triu(np.ones((L, S), dtype=bool), k=1)), -np.inf)
+    if attn_mask is not None:
+        m = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
+        if m.dtype == np.bool_:
+            scores = where(Tensor(m), scores, -np.inf)
+        else:
+            scores = scores + attn_mask
+    has_key = (scores.data > -np.inf).any(axis=-1, keepdims=True)
+    if not has_key.all():  # rows with no key: softmax of zeros, then zeroed
+        scores = where(Tensor(has_key), scores, 0.0)
+    weights = softmax(scores, dim=-1)
+    if not has_key.all():
+        weights = weights * Tensor(has_key.astype(weights.dtype))
+    attn = dropout(weights, dropout_p) if dropout_p > 0 else weights
+    out = attn @ value
+    return (out, weights) if need_weights else out
