@@ -216,3 +216,41 @@ def test_detect_anomaly_names_the_op_in_forward_and_backward():
     with tg.detect_anomaly():
         with pytest.raises(tg.AnomalyError, match=r"Sqrt \(backward\) produced Inf"):
             y.sum().backward()
+
+
+def test_grad_arrays_are_never_shared():
+    # .grad is updated in place (accumulation, clip_grad_norm_), so no two
+    # tensors, and no array of the caller's, may share a .grad's memory.
+    a = Tensor([1.0, 2.0], requires_grad=True)
+    b = Tensor([1.0, 2.0], requires_grad=True)
+    c = a + b                   # Add hands one array to both inputs
+    c.retain_grad()
+    seed = np.ones(2, dtype=np.float32)
+    c.backward(seed)            # the caller's array
+    arrays = [a.grad.data, b.grad.data, c.grad.data, seed]
+    for i in range(len(arrays)):
+        for j in range(i + 1, len(arrays)):
+            assert not np.shares_memory(arrays[i], arrays[j])
+    a.grad.data *= 10
+    assert b.grad.tolist() == [1.0, 1.0] and c.grad.tolist() == [1.0, 1.0] and seed.tolist() == [1, 1]
+
+
+def test_leaf_backward_with_gradient_copies_it():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    g = np.array([3.0, 4.0], dtype=np.float32)
+    x.backward(g)
+    x.grad.data += 1
+    assert g.tolist() == [3.0, 4.0]
+
+
+def test_hook_result_and_view_gradients_are_copied():
+    x = Tensor(np.ones((2, 3)), requires_grad=True)
+    kept = np.full((2, 3), 5.0)
+    x.register_hook(lambda g: Tensor(kept))
+    x.reshape(6).sum().backward()
+    x.grad.data += 1
+    assert kept[0, 0] == 5.0 and x.grad.data.flags.writeable
+    y = Tensor(np.ones(3), requires_grad=True)
+    y.expand(4, 3).sum().backward()      # Sum's backward is a read-only broadcast view
+    y.grad.data += 1
+    assert y.grad.tolist() == [5.0, 5.0, 5.0]

@@ -49,7 +49,7 @@ class set_grad_enabled:
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with self.__class__(self.mode):
+            with set_grad_enabled(self.mode):  # a fresh one per call: safe to nest and recurse
                 return fn(*args, **kwargs)
         return wrapper
 
@@ -60,26 +60,12 @@ class no_grad(set_grad_enabled):
     def __init__(self):
         super().__init__(False)
 
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with no_grad():
-                return fn(*args, **kwargs)
-        return wrapper
-
 
 class enable_grad(set_grad_enabled):
     """Record the graph again inside a `no_grad` region."""
 
     def __init__(self):
         super().__init__(True)
-
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with enable_grad():
-                return fn(*args, **kwargs)
-        return wrapper
 
 
 class AnomalyError(FloatingPointError):
@@ -231,6 +217,17 @@ def _accumulate(grads, key, g):
     grads[key] = g if prev is None else prev + g
 
 
+def _owned_copy(g, dtype, shared):
+    """`g` itself if nothing else can hold it (a fresh, writeable array that
+    owns its memory), else a copy; either way the result is recorded as shared.
+    `.grad` arrays are updated in place (accumulation, clipping), so two
+    tensors must never share one."""
+    if g.base is None and g.flags.writeable and g.dtype == dtype and id(g) not in shared:
+        shared.add(id(g))
+        return g
+    return np.array(g, dtype=dtype, copy=True)
+
+
 def run_backward(roots, root_grads, retain_graph=False, capture=None):
     """Backpropagate `root_grads` from `roots` through the recorded graph.
 
@@ -244,6 +241,10 @@ def run_backward(roots, root_grads, retain_graph=False, capture=None):
     for r, g in zip(roots, root_grads):
         _accumulate(grads, id(r), g)
     captured = {id(t): None for t in capture} if capture is not None else None
+    # Arrays that something else may hold: the caller's starting gradients,
+    # hook results, and arrays already stored as some tensor's .grad. A
+    # gradient can become a .grad without a copy only if it is none of these.
+    shared = {id(g) for g in root_grads}
 
     for node in reversed(_topological_order(roots)):
         g = grads.pop(id(node), None)
@@ -253,12 +254,13 @@ def run_backward(roots, root_grads, retain_graph=False, capture=None):
             new = hook(Tensor._make(g, False, None))
             if new is not None:
                 g = new.data if isinstance(new, Tensor) else np.asarray(new, dtype=g.dtype)
+                shared.add(id(g))
         if captured is not None:
             if id(node) in captured:
                 captured[id(node)] = g
         elif node._ctx is None or node._retains_grad:
             if node.grad is None:
-                node.grad = Tensor._make(np.array(g, dtype=node.dtype, copy=True), False, None)
+                node.grad = Tensor._make(_owned_copy(g, node.dtype, shared), False, None)
             else:
                 node.grad.data += g
 
