@@ -16,6 +16,7 @@ number of threads.
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
+    activations    gelu_forward, gelu_backward (normal CDF and logistic on the vectorizable exp)
     mathx          exp (vectorizable), uniform_bits (the dropout hash)
     blas           gemm on strided matrices, with numpy's BLAS (BLAS, BLAS_NAME)
     reductions     fast-math flags; max_of, sum_of, sum_exp
@@ -28,6 +29,7 @@ from . import setup
 
 setup.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
+from .activations import gelu_backward, gelu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import BLAS, BLAS_NAME  # noqa: E402
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
