@@ -357,6 +357,8 @@ def _every_kernel(threads_count):
             lambda t: F.dropout(t[0], 0.2),
             lambda t: F.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=True, dropout_p=0.1),
             lambda t: t[1] @ t[2].swapaxes(-1, -2),
+            lambda t: t[0].gelu(),
+            lambda t: t[0].gelu(approximate="tanh"),
         ]
         for case in cases:
             ts = [tg.Tensor(a, requires_grad=True) for a in (x, q, k, v)]
@@ -406,7 +408,7 @@ def test_float32_kernels_compute_in_float32():
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
     for name in ("softmax_forward", "softmax_backward", "layer_norm_forward", "layer_norm_backward",
                  "cross_entropy_forward", "cross_entropy_backward", "dropout_apply", "attention_forward",
-                 "attention_backward", "batched_matmul"):
+                 "attention_backward", "batched_matmul", "gelu_forward", "gelu_backward"):
         kernel = getattr(kernels, name)
         sig = next(s for s in kernel.signatures if any(getattr(t, "dtype", None) == types.float32 for t in s))
         checked.append((kernel.py_func, sig))
@@ -481,3 +483,24 @@ def test_parallel_for_splits_any_size(n, min_items):
         out[start:stop] += 1
     threads.parallel_for(kernel, n, seen, min_items=min_items)
     assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_kernel_matches_the_formula_in_float32_and_float64(approximate):
+    from scipy.special import erf
+    x = np.concatenate([np.linspace(-12, 12, 4001), randn(20000, scale=3)])
+    if approximate == "tanh":
+        y = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+        t = np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))
+        dy = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
+    else:
+        y = 0.5 * x * (1 + erf(x / np.sqrt(2)))
+        dy = 0.5 * (1 + erf(x / np.sqrt(2))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+    for dtype, tol in ((np.float64, 1e-14), (np.float32, 4e-7)):
+        t = tg.Tensor(x.astype(dtype), requires_grad=True)
+        out = t.gelu(approximate=approximate)
+        out.backward(np.ones(x.shape, dtype))
+        assert out.dtype == dtype and t.grad.dtype == dtype
+        # absolute error relative to the scale of y (GELU is ~x for large x)
+        np.testing.assert_allclose(out.data, y, rtol=tol, atol=tol * 4)
+        np.testing.assert_allclose(t.grad.data, dy, rtol=tol, atol=tol * 4)

@@ -4,11 +4,15 @@ Each op's backward multiplies the incoming gradient by the local derivative.
 Binary ops follow numpy broadcasting; their backward returns gradients of the
 broadcast shape and the engine sums them back to each input's shape.
 """
-import math
-
 import numpy as np
+
 from ..autograd import Function
 from ..shapes import broadcast_shapes
+from . import kernels
+from ._layout import float_dtype, items_per_range
+
+# ns per element on one core (see _layout.RANGE_NS): two exps and a division
+_GELU_RANGE = items_per_range(2.0)
 
 
 def _check_broadcast(op, a, b):
@@ -219,17 +223,6 @@ class Relu(Function):
         return grad * positive
 
 
-_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-_INV_SQRT_2 = 1 / math.sqrt(2)
-_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
-
-
-def _erf(x):
-    """scipy's erf, imported on first use: scipy.special adds ~0.2 s to every import otherwise."""
-    from scipy.special import erf
-    return erf(x)
-
-
 class Gelu(Function):
     """Gaussian error linear unit, z = x * Phi(x).
 
@@ -237,28 +230,31 @@ class Gelu(Function):
         dz/dx = Phi(x) + x * phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
     approximate="tanh":  z = x/2 (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3),
         dz/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+
+    Why a kernel (kernels/activations.py): each formula is one vectorized
+    pass there, where numpy needs a temporary per term and a scalar erf call
+    per element.
     """
 
     @staticmethod
     def forward(ctx, x, approximate="none"):
-        ctx.save_for_backward(x)
-        ctx.approximate = approximate
-        if approximate == "tanh":
-            return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
-        if approximate != "none":
+        if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-        return (0.5 * x * (1 + _erf(x * _INV_SQRT_2))).astype(x.dtype, copy=False)
+        float_dtype("gelu", x)
+        flat = np.ascontiguousarray(x).reshape(-1)
+        out = np.empty_like(flat)
+        ctx.tanh = approximate == "tanh"
+        kernels.parallel_for(kernels.gelu_forward, flat.size, flat, ctx.tanh, out, min_items=_GELU_RANGE)
+        ctx.save_for_backward(flat)
+        return out.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        x, = ctx.saved_tensors
-        if ctx.approximate == "tanh":
-            t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
-            local = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
-        else:
-            cdf = 0.5 * (1 + _erf(x * _INV_SQRT_2))
-            local = cdf + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x)
-        return grad * local
+        flat, = ctx.saved_tensors
+        g = np.ascontiguousarray(grad, dtype=flat.dtype).reshape(-1)
+        dx = np.empty_like(flat)
+        kernels.parallel_for(kernels.gelu_backward, flat.size, flat, g, ctx.tanh, dx, min_items=_GELU_RANGE)
+        return dx.reshape(grad.shape)
 
 
 class Abs(Function):

@@ -16,6 +16,7 @@ number of threads.
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
+    activations    gelu_forward, gelu_backward (normal CDF and logistic on the vectorizable exp)
     mathx          exp (vectorizable), uniform_bits (the dropout hash)
     blas           gemm on strided matrices, with numpy's BLAS (BLAS, BLAS_NAME)
     reductions     fast-math flags; row_sums (max, sum of exp, sum)
@@ -29,6 +30,7 @@ from . import setup
 
 setup.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
+from .activations import gelu_backward, gelu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import BLAS, BLAS_NAME  # noqa: E402
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
@@ -40,8 +42,8 @@ from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E40
 from . import precompile  # noqa: E402
 
 KERNELS = (attention_backward, attention_forward, batched_matmul, cross_entropy_backward,
-           cross_entropy_forward, dropout_apply, layer_norm_backward, layer_norm_forward,
-           softmax_backward, softmax_forward)
+           cross_entropy_forward, dropout_apply, gelu_backward, gelu_forward, layer_norm_backward,
+           layer_norm_forward, softmax_backward, softmax_forward)
 # Processes share the compiled kernels safely; then a cold cache is filled by
 # a second process while this one works (precompile.py).
 if all([setup.share_cache(kernel) for kernel in KERNELS]):  # a list: every kernel gets one

@@ -105,15 +105,15 @@ def wait():
 def training_step():
     """A tiny float32 training step: an encoder-decoder Transformer with
     padding and causal masks and dropout, and a cross-entropy loss. It calls
-    every kernel a Transformer step calls, with the argument types a step
-    of any size gives them."""
+    every kernel a Transformer step calls (GELU as in the GPT model), with
+    the argument types a step of any size gives them."""
     import numpy as np
 
     import tinygrad_attn as tg
     from tinygrad_attn import functional as F
     from tinygrad_attn import nn
     model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                           dim_feedforward=16, dropout=0.1)
+                           dim_feedforward=16, dropout=0.1, activation="gelu")
     head = nn.Linear(8, 5)
     src, tgt = tg.randn(2, 3, 8), tg.randn(2, 4, 8)
     padding = np.array([[False, False, True], [False, False, False]])

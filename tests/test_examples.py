@@ -1,4 +1,4 @@
-"""The extension examples run and prove what docs/extending.md says they prove."""
+"""The small examples run and show what the docs say they show."""
 import importlib
 import sys
 from pathlib import Path
@@ -46,3 +46,11 @@ def test_rmsnorm_rejects_a_mismatched_weight():
     example = load("rmsnorm_kernel")
     with pytest.raises(tg.ShapeError, match=r"rms_norm: .*\(2, 3\).*\(4,\)"):
         example.rms_norm(tg.Tensor(np.ones((2, 3))), tg.Tensor(np.ones(4)))
+
+
+def test_quickstart_loss_falls(capsys):
+    example = load("quickstart")
+    final = example.main(steps=150)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step")]
+    first = float(lines[0].split()[-1])
+    assert final < first / 10

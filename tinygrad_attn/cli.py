@@ -1,0 +1,365 @@
+"""The command line: train, resume, sample, decode.
+
+    python -m tinygrad_attn train                      # the copy task, about a minute
+    python -m tinygrad_attn train --task charlm --text input.txt
+    python -m tinygrad_attn resume runs/copy/checkpoint.safetensors --steps 600
+    python -m tinygrad_attn sample runs/charlm --prompt "ROMEO:" --length 300
+    python -m tinygrad_attn decode runs/reverse --input "3 1 4 1 5"
+
+(also installed as the `tinygrad-attn` command). A bad option, a missing or
+unreadable file, or a checkpoint that is not ours prints one line on stderr
+and exits with status 2; Ctrl-C during training saves a checkpoint and exits
+with status 130.
+"""
+import argparse
+import os
+import re
+import sys
+
+import numpy as np
+
+from .checkpoint import CheckpointError
+from .nn import StateDictError
+from .train.config import SCHEDULES, TASK_DEFAULTS, TASKS, ConfigError, TrainConfig
+
+# Errors that mean "the user asked for something that cannot be done": reported in one line.
+# (OSError: a missing file, a directory where a file should be, no permission to write --out...)
+USER_ERRORS = (ConfigError, CheckpointError, StateDictError, OSError, ValueError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors on one line (plus a hint) instead of the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Fail(Exception):
+    """A user error found while running a command (exit status 2)."""
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _task_default(name):
+    """'2; charlm: 4': the default of a setting, and the tasks where it differs."""
+    main = TASK_DEFAULTS["copy"][name]
+    others = [f"{task}: {TASK_DEFAULTS[task][name]}" for task in TASKS
+              if TASK_DEFAULTS[task][name] != main and TASK_DEFAULTS[task][name] is not None]
+    return "; ".join([f"{main}"] + others)
+
+
+def _add_train_options(p):
+    d = _task_default
+    task = p.add_argument_group("task")
+    task.add_argument("--task", choices=TASKS, default="copy",
+                      help="copy, reverse or sort a sequence of symbols (encoder-decoder Transformer), "
+                           "or charlm: character-level language model of --text (GPT-style decoder) "
+                           "(default: copy)")
+    task.add_argument("--text", metavar="FILE",
+                      help="UTF-8 text file for --task charlm, the last 10%% being the validation "
+                           "split (default: none; charlm needs one)")
+    task.add_argument("--seq-len", type=_positive_int, metavar="N",
+                      help=f"sequence length; for charlm the context (block) size (default: {d('seq_len')})")
+    task.add_argument("--min-seq-len", type=_positive_int, metavar="N",
+                      help="seq2seq tasks: shortest sequence, lengths drawn in [N, seq-len] and padded "
+                           "(default: all sequences have seq-len symbols)")
+    task.add_argument("--vocab", type=_positive_int, metavar="N",
+                      help=f"seq2seq tasks: number of distinct symbols (default: {d('vocab')})")
+
+    model = p.add_argument_group("model")
+    model.add_argument("--layers", type=_positive_int, metavar="N",
+                       help=f"encoder and decoder layers (each), or charlm blocks (default: {d('layers')})")
+    model.add_argument("--d-model", type=_positive_int, metavar="N",
+                       help=f"width of the model (default: {d('d_model')})")
+    model.add_argument("--heads", type=_positive_int, metavar="N",
+                       help=f"attention heads; must divide --d-model (default: {d('heads')})")
+    model.add_argument("--ffn", type=_positive_int, metavar="N",
+                       help=f"hidden width of the feed-forward layers (default: {d('ffn')})")
+    model.add_argument("--dropout", type=_non_negative_float, default=0.0, metavar="P",
+                       help="dropout probability (default: 0)")
+
+    opt = p.add_argument_group("optimisation (AdamW, betas 0.9 / 0.99)")
+    opt.add_argument("--steps", type=_positive_int, metavar="N",
+                     help=f"training steps (default: {d('steps')})")
+    opt.add_argument("--batch-size", type=_positive_int, metavar="N",
+                     help=f"sequences per step (default: {d('batch_size')})")
+    opt.add_argument("--lr", type=_non_negative_float, metavar="LR",
+                     help=f"peak learning rate (default: {d('lr')})")
+    opt.add_argument("--warmup", type=_non_negative_int, metavar="N",
+                     help=f"steps of linear warmup (default: {d('warmup')})")
+    opt.add_argument("--schedule", choices=SCHEDULES, default="cosine",
+                     help="learning-rate schedule after warmup: cosine decay to --min-lr at the last "
+                          "step, the paper's inverse square root, or constant (default: cosine)")
+    opt.add_argument("--min-lr", type=_non_negative_float, metavar="LR",
+                     help="final learning rate of the cosine schedule (default: lr / 10)")
+    opt.add_argument("--weight-decay", type=_non_negative_float, metavar="WD",
+                     help="AdamW weight decay of weight matrices; biases, norms and embeddings "
+                          f"are not decayed (default: {d('weight_decay')})")
+    opt.add_argument("--grad-clip", type=_non_negative_float, default=1.0, metavar="NORM",
+                     help="clip the global gradient norm to NORM, 0 to disable (default: 1.0)")
+    opt.add_argument("--seed", type=int, default=0, help="random seed of the run (default: 0)")
+
+    run = p.add_argument_group("evaluation and output")
+    run.add_argument("--eval-every", type=_positive_int, metavar="N",
+                     help=f"evaluate and save a checkpoint every N steps (default: {d('eval_every')})")
+    run.add_argument("--eval-size", type=_positive_int, metavar="N",
+                     help="held-out sequences (seq2seq) or validation windows (charlm) per evaluation "
+                          f"(default: {d('eval_size')})")
+    run.add_argument("--out", metavar="DIR",
+                     help="output directory: checkpoint, loss curve, attention heatmaps "
+                          "(default: runs/TASK)")
+    run.add_argument("--log-grad-norms", action="store_true",
+                     help="write each parameter's gradient norm (before clipping) at step 1 and every "
+                          "--eval-every steps to DIR/grad_norms.jsonl")
+
+
+def _add_run_options(p):
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true",
+                   help="do not write the loss curve and attention heatmaps")
+
+
+def build_parser(prog="tinygrad-attn"):
+    """The argument parser; `parser.commands` maps each command to its sub-parser."""
+    parser = _Parser(prog=prog, description="Train and run small Transformers with tinygrad_attn.",
+                     epilog=f"Run `{prog} COMMAND --help` for the options of a command.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=_Parser)
+
+    train = commands.add_parser(
+        "train", help="train a model on a built-in task (default: the copy task, about a minute)",
+        description="Train a Transformer on a built-in task and write a checkpoint, a loss curve "
+                    "and attention heatmaps to --out. Some defaults depend on the task: "
+                    "'default: 2; charlm: 4' means 2 for copy, reverse and sort, and 4 for "
+                    "charlm. Ctrl-C saves a checkpoint.")
+    _add_train_options(train)
+    _add_run_options(train)
+
+    resume = commands.add_parser(
+        "resume", help="continue training from a checkpoint",
+        description="Continue a run from its checkpoint, with the same optimizer state, schedule "
+                    "and random state: the result equals an uninterrupted run.")
+    resume.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="checkpoint file, or the run's output directory")
+    resume.add_argument("--steps", type=_positive_int, metavar="N",
+                        help="train until step N in total (default: the run's --steps); a longer "
+                             "run stretches the cosine schedule to N")
+    resume.add_argument("--out", metavar="DIR",
+                        help="output directory (default: the run's --out)")
+    _add_run_options(resume)
+
+    sample = commands.add_parser("sample", help="generate text from a charlm checkpoint",
+                                 description="Continue a prompt with a character-level model.")
+    sample.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="checkpoint file, or the run's output directory")
+    sample.add_argument("--prompt", default="\n",
+                        help="text to continue; its characters must occur in the training text "
+                             "(default: a newline)")
+    sample.add_argument("--length", type=_positive_int, default=500, metavar="N",
+                        help="characters to generate (default: 500)")
+    sample.add_argument("--temperature", type=_non_negative_float, default=0.8, metavar="T",
+                        help="divide the logits by T; lower is more conservative, 0 is greedy "
+                             "(default: 0.8)")
+    sample.add_argument("--top-k", type=_positive_int, metavar="K",
+                        help="sample only among the K most likely characters (default: all)")
+    sample.add_argument("--num-samples", type=_positive_int, default=1, metavar="N",
+                        help="independent samples (default: 1)")
+    sample.add_argument("--seed", type=int,
+                        help="random seed, for repeatable samples (default: a fresh one)")
+
+    decode = commands.add_parser("decode", help="run a seq2seq checkpoint on input sequences",
+                                 description="Decode sequences greedily with a copy/reverse/sort model.")
+    parser.commands = {"train": train, "resume": resume, "sample": sample, "decode": decode}
+    decode.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="checkpoint file, or the run's output directory")
+    decode.add_argument("--input", action="append", metavar="SYMBOLS",
+                        help='a source sequence of symbols, e.g. "3 1 4 1 5" (repeat for more; '
+                             "default: held-out sequences of the task)")
+    decode.add_argument("--num-examples", type=_positive_int, default=5, metavar="N",
+                        help="without --input: how many held-out sequences to decode (default: 5)")
+    return parser
+
+
+# --------------------------------------------------------------------------- commands
+def _describe(trainer):
+    c, model = trainer.config, trainer.model
+    if c.is_seq2seq:
+        task = f"task {c.task}: {c.vocab} symbols, length {c.seq_len}"
+        if c.min_seq_len:
+            task = f"task {c.task}: {c.vocab} symbols, lengths {c.min_seq_len}-{c.seq_len}"
+        shape = f"Seq2SeqTransformer {c.layers}+{c.layers} layers"
+    else:
+        task = f"task charlm: {c.text} ({trainer.job.data.vocab_size} characters), context {c.seq_len}"
+        shape = f"GPT {c.layers} blocks"
+    return [task,
+            f"model: {shape}, d_model {c.d_model}, {c.heads} heads, ffn {c.ffn}, dropout {c.dropout}, "
+            f"{model.num_parameters():,} parameters",
+            f"training: {c.steps} steps, batch {c.batch_size}, AdamW lr {c.lr:g} ({c.schedule}, warmup "
+            f"{c.warmup}), weight decay {c.weight_decay:g}, clip {c.grad_clip:g}, seed {c.seed}",
+            f"output: {c.out}"]
+
+
+def _setup(make_trainer):
+    """Build the trainer and its output directory; user errors become _Fail."""
+    try:
+        trainer = make_trainer()
+        os.makedirs(trainer.config.out, exist_ok=True)
+    except USER_ERRORS as e:
+        raise _Fail(e) from None
+    return trainer
+
+
+def _run(trainer, args):
+    for line in _describe(trainer):
+        print(line)
+    if trainer.step:
+        print(f"resuming at step {trainer.step}")
+    trainer.fit()  # Ctrl-C: the trainer saves a checkpoint, main() exits with 130
+    trainer.report(plots=not args.no_plots)
+    return 0
+
+
+def _cmd_train(args):
+    from .train.trainer import Trainer
+    fields = ("task", "text", "layers", "d_model", "heads", "ffn", "dropout", "seq_len",
+              "min_seq_len", "vocab", "steps", "batch_size", "lr", "warmup", "schedule", "min_lr",
+              "weight_decay", "grad_clip", "eval_every", "eval_size", "seed", "out", "log_grad_norms")
+    config = TrainConfig(**{name: getattr(args, name) for name in fields})
+    return _run(_setup(lambda: Trainer(config, progress=not args.no_progress)), args)
+
+
+def _cmd_resume(args):
+    from .train.trainer import Trainer
+    return _run(_setup(lambda: Trainer.from_checkpoint(args.checkpoint, steps=args.steps, out=args.out,
+                                                       progress=not args.no_progress)), args)
+
+
+def _load_model(path, kind, command):
+    """The model and metadata of a checkpoint, which must hold a `kind` model."""
+    import json
+    from .train.trainer import model_from_checkpoint, read_checkpoint
+    try:
+        arrays, metadata = read_checkpoint(path)
+        model = model_from_checkpoint(arrays, metadata)
+    except USER_ERRORS as e:
+        raise _Fail(e) from None
+    if type(model).__name__ != kind:
+        other = "decode" if kind == "GPT" else "sample"
+        raise _Fail(f"{command} needs a {'charlm' if kind == 'GPT' else 'copy/reverse/sort'} "
+                    f"checkpoint; {path} holds a {type(model).__name__} (use `{other}`)")
+    return model, metadata, TrainConfig.from_json(metadata["config"])
+
+
+def _cmd_sample(args):
+    from .data import CharTokenizer
+    model, metadata, _ = _load_model(args.checkpoint, "GPT", "sample")
+    tokenizer = CharTokenizer(metadata["chars"])
+    try:
+        prompt = tokenizer.encode(args.prompt) if args.prompt else None
+    except ValueError as e:
+        raise _Fail(f"--prompt: {e}") from None
+    if prompt is None or prompt.size == 0:
+        raise _Fail("--prompt must not be empty")
+    rng = np.random.default_rng(args.seed)
+    for i in range(args.num_samples):
+        ids = model.generate(prompt, args.length, temperature=args.temperature, top_k=args.top_k,
+                             generator=rng)
+        if args.num_samples > 1:
+            print(f"--- sample {i + 1}")
+        print(tokenizer.decode(ids))
+    return 0
+
+
+def _parse_symbols(text, num_symbols):
+    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
+    if not parts or not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise _Fail(f"--input {text!r}: expected symbols as integers separated by spaces, e.g. \"3 1 4\"")
+    symbols = [int(p) for p in parts]
+    bad = [s for s in symbols if s >= num_symbols]
+    if bad:
+        raise _Fail(f"--input {text!r}: symbols must be in 0..{num_symbols - 1} (the model was trained "
+                    f"on {num_symbols} symbols), got {bad[0]}")
+    return symbols
+
+
+def _cmd_decode(args):
+    from .data import get_task, sequence_matches
+    model, _, config = _load_model(args.checkpoint, "Seq2SeqTransformer", "decode")
+    if args.input:
+        rows = [_parse_symbols(text, config.vocab) for text in args.input]
+        longest, limit = max(len(r) for r in rows), model.config.max_len - 2
+        if longest > limit:
+            raise _Fail(f"--input: at most {limit} symbols, got {longest}")
+        shortest = min(len(r) for r in rows)
+        if config.min_seq_len is None and (shortest < config.seq_len or longest > config.seq_len):
+            print(f"note: the model was trained on sequences of exactly {config.seq_len} symbols; "
+                  "other lengths test how it generalises")
+        elif longest > config.seq_len:
+            print(f"note: the model was trained on sequences of at most {config.seq_len} symbols; "
+                  "longer ones test how it generalises")
+        batch = get_task(config.task, num_symbols=config.vocab, length=longest).make_batch(rows)
+    else:
+        task = get_task(config.task, num_symbols=config.vocab, length=config.seq_len,
+                        min_length=config.min_seq_len)
+        batch = task.held_out_batch(args.num_examples)
+    predictions = model.greedy_decode(batch.src)
+    right = sequence_matches(predictions, batch.tgt_out)
+    task = get_task(config.task, num_symbols=config.vocab)
+
+    def show(ids):
+        return " ".join(str(s) for s in task.decode(ids)) or "(empty)"
+
+    for i in range(len(batch)):
+        print(f"input      {show(batch.src[i])}")
+        print(f"expected   {show(batch.tgt_out[i])}")
+        print(f"prediction {show(predictions[i])}  {'(right)' if right[i] else '(WRONG)'}")
+    print(f"{int(right.sum())}/{len(right)} right")
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "resume": _cmd_resume, "sample": _cmd_sample, "decode": _cmd_decode}
+
+
+def main(argv=None, prog="tinygrad-attn"):
+    """Run the command line with `argv` (default sys.argv[1:]); returns the
+    exit status: 0 done, 2 user error, 130 interrupted (checkpoint saved)."""
+    parser = build_parser(prog)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the command's own parser, so the hint points at its --help
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return COMMANDS[args.command](args)
+    except _Fail as e:
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # during training the checkpoint is saved by then
+        print(f"{prog} {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,339 @@
+"""Two ready-made Transformers built from `tinygrad_attn.nn`.
+
+- `Seq2SeqTransformer`: the encoder-decoder model of "Attention Is All You
+  Need" for the built-in copy / reverse / sort tasks, with batched greedy
+  decoding.
+- `GPT`: a decoder-only language model (GPT-2 / nanoGPT layout) for
+  character-level text, with sampling (temperature, top-k).
+
+Each model is described by a small config dataclass that turns into a JSON
+string and back, so a checkpoint can rebuild its model:
+
+    cfg = GPTConfig(vocab_size=65)
+    model = GPT(cfg)
+    tg.save(model.state_dict(), "gpt.safetensors", metadata={"model": cfg.to_json()})
+    ...
+    model = GPT(GPTConfig.from_json(meta["model"]))
+"""
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from . import nn
+from .autograd import no_grad
+from .data.vocab import BOS, EOS, PAD
+from .random import get_generator
+from .shapes import ShapeError
+from .tensor import Tensor
+
+
+class _JSONConfig:
+    """to_json / from_json for the config dataclasses below."""
+
+    def to_json(self):
+        return json.dumps({"kind": type(self).__name__, **asdict(self)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        values = json.loads(text)
+        kind = values.pop("kind", cls.__name__)
+        if kind != cls.__name__:
+            raise ValueError(f"{cls.__name__}.from_json: this is a {kind}, not a {cls.__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}.from_json: unknown fields {unknown}")
+        return cls(**values)
+
+
+def _as_ids(x, what):
+    """Integer token ids as a numpy int64 array (from a list, array or Tensor)."""
+    ids = x.data if isinstance(x, Tensor) else np.asarray(x)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{what}: token ids must be integers, got dtype {ids.dtype}")
+    return ids.astype(np.int64, copy=False)
+
+
+def _check_ids(ids, vocab_size, what):
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{what}: token ids must be in [0, {vocab_size}), got values from "
+                         f"{ids.min()} to {ids.max()}")
+
+
+# --------------------------------------------------------------------------- seq2seq
+@dataclass
+class Seq2SeqConfig(_JSONConfig):
+    """Hyper-parameters of a `Seq2SeqTransformer`.
+
+    vocab_size counts every token id, special ones included (a task's
+    `vocab_size`); max_len bounds the length of source and target.
+    """
+
+    vocab_size: int
+    d_model: int = 64
+    nhead: int = 4
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    dim_feedforward: int = 256
+    dropout: float = 0.0
+    norm_first: bool = False
+    max_len: int = 256
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Token embeddings + sinusoidal positions -> nn.Transformer -> logits.
+
+        x_src = PE(E_src[src] * sqrt(d_model)),  x_tgt = PE(E_tgt[tgt_in] * sqrt(d_model))
+        logits = generator(Transformer(x_src, x_tgt))          (B, T, vocab_size)
+
+    The embeddings start N(0, 1/d_model), so after the sqrt(d_model) scale
+    a token vector has entries of unit size, like the positional encoding
+    added to it. Token ids follow `tinygrad_attn.data.vocab`: PAD = 0 is
+    masked in attention, BOS = 1 starts the decoder input, EOS = 2 ends it.
+
+    forward(src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None)
+    takes integer ids (B, S) and (B, T); padding masks default to "where the
+    ids are PAD". The decoder is causal: position t sees tgt_in[:, :t+1].
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = c = config
+        self.src_embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.tgt_embed = nn.Embedding(c.vocab_size, c.d_model)
+        for emb in (self.src_embed, self.tgt_embed):
+            nn.init.normal_(emb.weight, 0.0, c.d_model ** -0.5)
+        self.pos = nn.PositionalEncoding(c.d_model, max_len=c.max_len, dropout=c.dropout)
+        self.transformer = nn.Transformer(
+            d_model=c.d_model, nhead=c.nhead, num_encoder_layers=c.num_encoder_layers,
+            num_decoder_layers=c.num_decoder_layers, dim_feedforward=c.dim_feedforward,
+            dropout=c.dropout, norm_first=c.norm_first)
+        self.generator = nn.Linear(c.d_model, c.vocab_size)
+
+    def _embed(self, embedding, ids):
+        return self.pos(embedding(ids) * math.sqrt(self.config.d_model))
+
+    def encode(self, src, src_key_padding_mask=None):
+        """The encoder's output ("memory"), (B, S, d_model)."""
+        src = _as_ids(src, "Seq2SeqTransformer.encode")
+        _check_ids(src, self.config.vocab_size, "Seq2SeqTransformer.encode")
+        if src_key_padding_mask is None:
+            src_key_padding_mask = src == PAD
+        return self.transformer.encoder(self._embed(self.src_embed, src),
+                                        src_key_padding_mask=src_key_padding_mask)
+
+    def decode(self, tgt_in, memory, memory_key_padding_mask=None, tgt_key_padding_mask=None):
+        """Logits (B, T, vocab_size) of the next token at each decoder position."""
+        tgt_in = _as_ids(tgt_in, "Seq2SeqTransformer.decode")
+        _check_ids(tgt_in, self.config.vocab_size, "Seq2SeqTransformer.decode")
+        if tgt_in.shape[-1] > self.config.max_len:
+            raise ShapeError(f"Seq2SeqTransformer: target of length {tgt_in.shape[-1]} is longer "
+                             f"than max_len {self.config.max_len}")
+        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory,
+                                     tgt_key_padding_mask=tgt_key_padding_mask,
+                                     memory_key_padding_mask=memory_key_padding_mask,
+                                     tgt_is_causal=True)
+        return self.generator(x)
+
+    def forward(self, src, tgt_in, src_key_padding_mask=None, tgt_key_padding_mask=None):
+        src = _as_ids(src, "Seq2SeqTransformer")
+        tgt_in = _as_ids(tgt_in, "Seq2SeqTransformer")
+        if src.ndim != 2 or tgt_in.ndim != 2 or len(src) != len(tgt_in):
+            raise ShapeError(f"Seq2SeqTransformer: expected src (B, S) and tgt_in (B, T) with the "
+                             f"same B, got {src.shape} and {tgt_in.shape}")
+        if src_key_padding_mask is None:
+            src_key_padding_mask = src == PAD
+        if tgt_key_padding_mask is None and (tgt_in == PAD).any():
+            tgt_key_padding_mask = tgt_in == PAD
+        memory = self.encode(src, src_key_padding_mask)
+        return self.decode(tgt_in, memory, memory_key_padding_mask=src_key_padding_mask,
+                           tgt_key_padding_mask=tgt_key_padding_mask)
+
+    def greedy_decode(self, src, max_len=None):
+        """Decode a batch greedily: start from BOS, append the most likely
+        token, stop a sequence at EOS (PAD after it) and the batch when every
+        sequence has ended or after `max_len` tokens (default: the source
+        width + 1, room for the sequence and its EOS).
+
+        src: ids (B, S) or one sequence (S,). Returns int64 ids aligned with
+        a task's `tgt_out` (no leading BOS): (B, <= max_len), or (<= max_len,).
+        """
+        src = _as_ids(src, "Seq2SeqTransformer.greedy_decode")
+        single = src.ndim == 1
+        if single:
+            src = src[None]
+        if src.ndim != 2:
+            raise ShapeError(f"Seq2SeqTransformer.greedy_decode: expected src (B, S) or (S,), "
+                             f"got {src.shape}")
+        max_len = src.shape[1] + 1 if max_len is None else int(max_len)
+        if not 1 <= max_len < self.config.max_len:
+            raise ValueError(f"Seq2SeqTransformer.greedy_decode: max_len must be in "
+                             f"[1, {self.config.max_len - 1}], got {max_len}")
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                padding = src == PAD
+                memory = self.encode(src, padding)
+                ys = np.full((len(src), 1), BOS, dtype=np.int64)
+                done = np.zeros(len(src), dtype=bool)
+                for _ in range(max_len):
+                    # No cache: the decoder reruns on the whole prefix (short sequences here).
+                    logits = self.decode(ys, memory, memory_key_padding_mask=padding)
+                    nxt = np.where(done, PAD, logits.data[:, -1].argmax(axis=-1))
+                    ys = np.concatenate([ys, nxt[:, None]], axis=1)
+                    done |= nxt == EOS
+                    if done.all():
+                        break
+        finally:
+            self.train(was_training)
+        out = ys[:, 1:]
+        return out[0] if single else out
+
+    def attention_layers(self):
+        """(name, MultiHeadAttention) for every attention layer, in the order
+        data flows: encoder self-attention, then decoder self- and
+        cross-attention per layer."""
+        layers = [(f"encoder.{i}.self_attn", layer.self_attn)
+                  for i, layer in enumerate(self.transformer.encoder.layers)]
+        for i, layer in enumerate(self.transformer.decoder.layers):
+            layers += [(f"decoder.{i}.self_attn", layer.self_attn),
+                       (f"decoder.{i}.cross_attn", layer.multihead_attn)]
+        return layers
+
+
+# --------------------------------------------------------------------------- GPT
+@dataclass
+class GPTConfig(_JSONConfig):
+    """Hyper-parameters of a `GPT` (nanoGPT's names).
+
+    dim_feedforward defaults to 4 * n_embd; tie_weights shares the token
+    embedding with the output layer (GPT-2); bias=False drops the biases of
+    the Linear and LayerNorm layers (nanoGPT's default).
+    """
+
+    vocab_size: int
+    block_size: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dim_feedforward: int = None
+    dropout: float = 0.0
+    bias: bool = True
+    tie_weights: bool = True
+
+    def __post_init__(self):
+        if self.dim_feedforward is None:
+            self.dim_feedforward = 4 * self.n_embd
+
+
+class GPT(nn.Module):
+    """A decoder-only Transformer language model (GPT-2's layout):
+
+        x = E_tok[idx] + E_pos[0..T-1]                    (dropout)
+        x = block_l(x), l = 1..n_layer     block: x + SA(LN(x)), then x + FF(LN(x)),
+                                           causal self-attention, GELU feed-forward
+        logits = lm_head(LN_f(x))                         (B, T, vocab_size)
+
+    The blocks and LN_f are an `nn.TransformerEncoder` of
+    `TransformerEncoderLayer(norm_first=True, activation="gelu")` called
+    with is_causal=True, so position t only sees positions <= t.
+    Initialisation follows GPT-2 / nanoGPT: weights N(0, 0.02), biases 0,
+    and the projections that write into the residual stream (attention
+    output, second FF layer) N(0, 0.02 / sqrt(2 n_layer)), so the residual
+    sum does not grow with depth.
+
+    forward(idx) with integer ids (B, T), T <= block_size -> logits.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
+        self.pos_emb = nn.LearnedPositionalEmbedding(c.n_embd, max_len=c.block_size, dropout=c.dropout)
+        block = nn.TransformerEncoderLayer(c.n_embd, c.n_head, dim_feedforward=c.dim_feedforward,
+                                           dropout=c.dropout, activation="gelu", norm_first=True,
+                                           bias=c.bias)
+        self.transformer = nn.TransformerEncoder(block, c.n_layer, norm=nn.LayerNorm(c.n_embd, bias=c.bias))
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self._init_weights()
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def _init_weights(self):
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.MultiHeadAttention):
+                nn.init.normal_(module.in_proj_weight, 0.0, std)
+        nn.init.normal_(self.pos_emb.weight, 0.0, std)
+        for block in self.transformer.layers:
+            nn.init.normal_(block.self_attn.out_proj.weight, 0.0, residual_std)
+            nn.init.normal_(block.linear2.weight, 0.0, residual_std)
+
+    def forward(self, idx):
+        idx = _as_ids(idx, "GPT")
+        if idx.ndim != 2 or not 1 <= idx.shape[1] <= self.config.block_size:
+            raise ShapeError(f"GPT: expected ids (B, T) with 1 <= T <= block_size "
+                             f"{self.config.block_size}, got {idx.shape}")
+        _check_ids(idx, self.config.vocab_size, "GPT")
+        x = self.transformer(self.pos_emb(self.tok_emb(idx)), is_causal=True)
+        return self.lm_head(x)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Continue each row of `idx` (B, T) or (T,) by `max_new_tokens` ids.
+
+        Each new id is drawn from softmax(logits / temperature) of the last
+        position, keeping only the `top_k` most likely ids when given;
+        temperature=0 picks the most likely id (greedy). The context is
+        cropped to the last block_size ids. Draws from `generator` (a numpy
+        Generator), by default the framework's (`tg.manual_seed`).
+        Returns the ids with the continuation appended (int64 array).
+        """
+        idx = _as_ids(idx, "GPT.generate")
+        single = idx.ndim == 1
+        if single:
+            idx = idx[None]
+        if idx.ndim != 2 or idx.shape[1] == 0:
+            raise ShapeError(f"GPT.generate: expected a non-empty prompt (B, T) or (T,), got {idx.shape}")
+        if not temperature >= 0:
+            raise ValueError(f"GPT.generate: temperature must be >= 0, got {temperature}")
+        if top_k is not None and not 1 <= top_k:
+            raise ValueError(f"GPT.generate: top_k must be a positive integer, got {top_k}")
+        rng = get_generator() if generator is None else generator
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                for _ in range(max_new_tokens):
+                    logits = self(idx[:, -self.config.block_size:]).data[:, -1].astype(np.float64)
+                    idx = np.concatenate([idx, _sample(logits, temperature, top_k, rng)[:, None]], axis=1)
+        finally:
+            self.train(was_training)
+        return idx[0] if single else idx
+
+    def attention_layers(self):
+        """(name, MultiHeadAttention) for each block's causal self-attention."""
+        return [(f"layer.{i}.self_attn", block.self_attn)
+                for i, block in enumerate(self.transformer.layers)]
+
+
+def _sample(logits, temperature, top_k, rng):
+    """One id per row of `logits` (B, V): greedy at temperature 0, else drawn
+    from softmax(logits / temperature) restricted to the top_k largest."""
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = np.partition(logits, -top_k, axis=-1)[:, -top_k][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    cdf = np.cumsum(np.exp(logits - logits.max(axis=-1, keepdims=True)), axis=-1)
+    cdf /= cdf[:, -1:]  # exactly 1 at the end, so every draw lands on an id of nonzero probability
+    # Inverse-CDF sampling: one uniform number u in [0, 1) per row picks the first id with cdf > u.
+    u = rng.random(len(cdf))[:, None]
+    return (cdf <= u).sum(axis=-1)
