@@ -29,7 +29,8 @@ import time
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 PARSER.add_argument("--repeat", type=int, default=30, help="timed calls per measurement")
-PARSER.add_argument("--rounds", type=int, default=2, help="rounds per measurement (best median kept)")
+PARSER.add_argument("--rounds", type=int, default=None,
+                    help="rounds per measurement, best median kept (default 2; 4 for the encoder and models)")
 PARSER.add_argument("--threads", type=int, default=None, help="threads for kernels, BLAS and PyTorch")
 PARSER.add_argument("--skip-startup", action="store_true", help="skip the start-up measurement")
 PARSER.add_argument("--only", action="append", choices=["kernels", "alternating", "encoder", "models", "startup"],
@@ -102,9 +103,9 @@ def header(title):
 
 
 def best_medians(*fns, repeat=None, rounds=None):
-    """Each fn's best median over ARGS.rounds rounds, the fns interleaved (None stays None)."""
+    """Each fn's best median over `rounds` rounds (default: --rounds or 2), the fns interleaved (None stays None)."""
     best = [None] * len(fns)
-    for _ in range(rounds or ARGS.rounds):
+    for _ in range(rounds or ARGS.rounds or 2):
         for i, fn in enumerate(fns):
             if fn is not None:
                 t = median_ms(fn, repeat)
@@ -211,7 +212,7 @@ def encoder_layer_table():
 
             def torch_step():
                 theirs(tx).backward(tgrad)
-        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=max(4, ARGS.rounds))  # the headline
+        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=ARGS.rounds or 4)  # the headline
         pt = f"{t_torch:9.2f} {t_torch / t_ours:8.2f}" if t_torch else "        -        -"
         print(f"{p:<8} {t_ours:9.2f} {pt}")
 
@@ -278,7 +279,7 @@ def models_table():
                 return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tflat,
                                                          ignore_index=PAD)
             torch_step = _training_step(theirs, t_params, t_opt, torch_loss, torch.nn.utils.clip_grad_norm_)
-        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=max(3, ARGS.rounds))
+        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=ARGS.rounds or 4)
         pt = f"{t_torch:9.2f} {t_torch / t_ours:8.2f}" if t_torch else "        -        -"
         print(f"{name:56s} {t_ours:9.2f} {pt}")
 
