@@ -75,15 +75,19 @@ def as_tensor_like(x, ref):
     return Tensor(x)
 
 
+_INTEGRAL_KINDS = frozenset("iub")  # numpy dtype kinds: signed, unsigned, bool
+
+
 def _promote(x, y, divide=False):
     """PyTorch's type promotion where numpy's differs: an integer or boolean
     operand meeting a float one takes its float dtype (float32 for a Python
     float), and dividing integers gives float32. numpy would turn all of
     these into float64, silently leaving the float32 default."""
-    kinds = [v.dtype.kind if isinstance(v, (Tensor, np.ndarray)) else None for v in (x, y)]
-    if not any(k in ("i", "u", "b") for k in kinds):
-        return x, y  # the usual case: nothing to promote
-    floats = [v.dtype for v, k in zip((x, y), kinds) if k == "f"]
+    kx = x.dtype.kind if isinstance(x, (Tensor, np.ndarray)) else None
+    ky = y.dtype.kind if isinstance(y, (Tensor, np.ndarray)) else None
+    if kx not in _INTEGRAL_KINDS and ky not in _INTEGRAL_KINDS:
+        return x, y  # the usual case (floats, or a float with a Python number): nothing to do
+    floats = [v.dtype for v, k in ((x, kx), (y, ky)) if k == "f"]
     if floats:
         target = floats[0]
     elif divide or any(isinstance(v, float) for v in (x, y)):
