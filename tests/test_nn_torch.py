@@ -167,6 +167,14 @@ def test_layer_norm(dtype, direction, shape):
     check_equivalence(f"LayerNorm{shape}", ours, theirs, [normal(2, 3, *shape) * 3 + 1], dtype, direction)
 
 
+def test_load_accepts_torch_parameters_that_require_grad():
+    theirs = torch.nn.Linear(3, 2).double()
+    ours = nn.Linear(3, 2)
+    ours.load_state_dict(dict(theirs.named_parameters()))  # Parameters, not state_dict()'s detached tensors
+    np.testing.assert_array_equal(ours.weight.data, theirs.weight.detach().numpy().astype(np.float32))
+    assert ours.weight.dtype == np.float32
+
+
 @dtypes
 @both_ways
 def test_sequential_of_activations_dropout_and_plain_layer_norms(dtype, direction):
