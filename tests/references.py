@@ -36,7 +36,8 @@ def random_bits(key, index):
         x = (x ^ (x >> 15)) * np.uint32(0x846CA68B)
         return x ^ (x >> 16)
     key = np.uint32(key)
-    return lowbias32(lowbias32(np.asarray(index, dtype=np.uint64).astype(np.uint32) ^ key) + key)
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps modulo 2^32 on purpose (numpy warns for 0-d)
+        return lowbias32(lowbias32(np.asarray(index, dtype=np.uint64).astype(np.uint32) ^ key) + key)
 
 
 def dropout_keep(shape, p, key):
