@@ -83,6 +83,8 @@ def test_every_training_setting_has_an_option():
     (["train", "--steps", "0"], "--steps"),
     (["train", "--steps", "ten"], "--steps"),
     (["train", "--lr", "-1"], "--lr"),
+    (["train", "--seed", "-1"], "--seed"),
+    (["sample", "ckpt", "--seed", "-3"], "--seed"),
     (["train", "--task", "translate"], "--task"),
     (["train", "--bogus"], "unrecognized arguments: --bogus"),
     (["sample"], "CHECKPOINT"),
@@ -100,6 +102,12 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
 ])
 def test_bad_settings_and_missing_files_exit_2(capsys, argv, fragment):
     assert_user_error(run(argv, capsys), fragment)
+
+
+def test_an_output_directory_that_cannot_be_made_exits_2(tmp_path, capsys):
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    assert_user_error(run(["train", "--out", str(taken)] + TINY, capsys), "--out", "output directory")
 
 
 def test_a_text_that_is_not_utf8_exits_2(tmp_path, capsys):
