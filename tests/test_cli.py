@@ -1,10 +1,12 @@
 """The command line: help, argument and user errors (one line, exit status
 2, no traceback), and small end-to-end runs of train, resume, sample,
 decode and Ctrl-C."""
+import importlib
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,6 +143,13 @@ def test_module_entry_point_in_a_subprocess(tmp_path):
                            "print(sorted({'matplotlib', 'tqdm'} & set(sys.modules)))"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert lazy.stdout.strip() == "[]", lazy.stderr
+
+
+def test_console_script_points_at_main():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    module, _, name = pyproject["project"]["scripts"]["tinygrad-attn"].partition(":")
+    assert getattr(importlib.import_module(module), name) is main
 
 
 # --------------------------------------------------------------------------- end to end
