@@ -129,3 +129,51 @@ def torch_case(torch, fn, arrays, differentiable):
         for t in ts:
             t.grad = None
     return fwd, fwd_bwd
+
+
+def torch_models(torch):
+    """PyTorch twins of tinygrad_attn.models' Seq2SeqTransformer and GPT, with
+    the same parameter names, so our state_dict loads into them."""
+    tnn = torch.nn
+
+    class Seq2Seq(tnn.Module):
+        def __init__(self, c, pe):
+            super().__init__()
+            self.d_model = c.d_model
+            self.src_embed, self.tgt_embed = tnn.Embedding(c.vocab_size, c.d_model), tnn.Embedding(c.vocab_size, c.d_model)
+            self.register_buffer("pe", torch.tensor(pe), persistent=False)
+            self.transformer = tnn.Transformer(c.d_model, c.nhead, c.num_encoder_layers, c.num_decoder_layers,
+                                               c.dim_feedforward, c.dropout, batch_first=True, norm_first=c.norm_first)
+            self.generator = tnn.Linear(c.d_model, c.vocab_size)
+
+        def embed(self, embedding, ids):
+            return embedding(ids) * math.sqrt(self.d_model) + self.pe[:ids.shape[1]]
+
+        def forward(self, src, tgt_in, src_pad, tgt_pad):
+            T = tgt_in.shape[1]
+            causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)  # bool, like the padding masks
+            x = self.transformer(self.embed(self.src_embed, src), self.embed(self.tgt_embed, tgt_in),
+                                 tgt_mask=causal, src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                                 memory_key_padding_mask=src_pad, tgt_is_causal=True)
+            return self.generator(x)
+
+    class GPT(tnn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.tok_emb = tnn.Embedding(c.vocab_size, c.n_embd)
+            self.pos_emb = tnn.Module()
+            self.pos_emb.weight = tnn.Parameter(torch.zeros(c.block_size, c.n_embd))
+            block = tnn.TransformerEncoderLayer(c.n_embd, c.n_head, c.dim_feedforward, c.dropout,
+                                                activation="gelu", batch_first=True, norm_first=True, bias=c.bias)
+            self.transformer = tnn.TransformerEncoder(block, c.n_layer, norm=tnn.LayerNorm(c.n_embd, bias=c.bias),
+                                                      enable_nested_tensor=False)
+            self.lm_head = tnn.Linear(c.n_embd, c.vocab_size, bias=False)
+            self.lm_head.weight = self.tok_emb.weight
+
+        def forward(self, idx):
+            T = idx.shape[1]
+            causal = tnn.Transformer.generate_square_subsequent_mask(T)
+            return self.lm_head(self.transformer(self.tok_emb(idx) + self.pos_emb.weight[:T], mask=causal,
+                                                 is_causal=True))
+
+    return Seq2Seq, GPT

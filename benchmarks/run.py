@@ -1,7 +1,7 @@
 """Benchmark the fused kernels against plain numpy and PyTorch (CPU, eager).
 
     PYTHONPATH=. python benchmarks/run.py [--repeat N] [--rounds R] [--threads N] [--skip-startup]
-                                          [--only kernels|alternating|encoder|startup ...]
+                                          [--only kernels|alternating|encoder|models|startup ...]
 
 Prints, for each kernel and shape, the median milliseconds of a forward and
 of a forward+backward call through the public API (Tensor in, Tensor out,
@@ -9,8 +9,10 @@ graph and all), the same work in plain numpy and in PyTorch when installed,
 and the ratios numpy/ours and torch/ours (above 1: we are faster). Then:
 a kernel alternating with a BLAS matmul against the two apart (idle threads
 must not steal the cores BLAS needs); one post-norm Transformer encoder
-layer, forward+backward, against torch.nn.TransformerEncoderLayer; and the
-start-up time (import + first training step) with an empty and with a warm
+layer, forward+backward, against torch.nn.TransformerEncoderLayer; a whole
+training step of the two built-in models (the copy task's encoder-decoder,
+the charlm GPT) against the same models, weights and optimizer in PyTorch;
+and the start-up time (import + first training step) with an empty and with a warm
 Numba cache. Timings on a shared machine are noisy: compare the ratios of
 one run, and check `uptime` first. `--rounds R` measures everything R times,
 interleaved, and keeps each one's best median (bursts of load from other
@@ -27,10 +29,11 @@ import time
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 PARSER.add_argument("--repeat", type=int, default=30, help="timed calls per measurement")
-PARSER.add_argument("--rounds", type=int, default=2, help="rounds per measurement (best median kept)")
+PARSER.add_argument("--rounds", type=int, default=None,
+                    help="rounds per measurement, best median kept (default 2; 4 for the encoder and models)")
 PARSER.add_argument("--threads", type=int, default=None, help="threads for kernels, BLAS and PyTorch")
 PARSER.add_argument("--skip-startup", action="store_true", help="skip the start-up measurement")
-PARSER.add_argument("--only", action="append", choices=["kernels", "alternating", "encoder", "startup"],
+PARSER.add_argument("--only", action="append", choices=["kernels", "alternating", "encoder", "models", "startup"],
                     help="run only this table (repeatable)")
 ARGS = PARSER.parse_args()
 if ARGS.threads:  # BLAS reads these when it loads, so before numpy is imported
@@ -100,9 +103,9 @@ def header(title):
 
 
 def best_medians(*fns, repeat=None, rounds=None):
-    """Each fn's best median over ARGS.rounds rounds, the fns interleaved (None stays None)."""
+    """Each fn's best median over `rounds` rounds (default: --rounds or 2), the fns interleaved (None stays None)."""
     best = [None] * len(fns)
-    for _ in range(rounds or ARGS.rounds):
+    for _ in range(rounds or ARGS.rounds or 2):
         for i, fn in enumerate(fns):
             if fn is not None:
                 t = median_ms(fn, repeat)
@@ -209,9 +212,76 @@ def encoder_layer_table():
 
             def torch_step():
                 theirs(tx).backward(tgrad)
-        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=max(4, ARGS.rounds))  # the headline
+        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=ARGS.rounds or 4)  # the headline
         pt = f"{t_torch:9.2f} {t_torch / t_ours:8.2f}" if t_torch else "        -        -"
         print(f"{p:<8} {t_ours:9.2f} {pt}")
+
+
+def _training_step(model, params, optimizer, loss_fn, clip_grad_norm):
+    """One step as the trainer takes it: zero the gradients, loss, backward, clip to norm 1, AdamW."""
+    def step():
+        optimizer.zero_grad()
+        loss_fn().backward()
+        clip_grad_norm(params, 1.0)
+        optimizer.step()
+    return step
+
+
+def models_table():
+    """A whole training step of the built-in models at their CLI defaults,
+    against the same model (same weights, checked) in PyTorch."""
+    from tinygrad_attn import data, models, optim
+    PAD = data.PAD
+    rng = np.random.default_rng(3)
+    copy = data.get_task("copy", num_symbols=10, length=10)
+    batch = copy.train_batch(64)
+    seq2seq = models.Seq2SeqTransformer(models.Seq2SeqConfig(vocab_size=copy.vocab_size, d_model=64, nhead=4,
+                                        num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=256))
+    gpt = models.GPT(models.GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128))
+    idx = rng.integers(0, 65, (12, 64))
+    target = rng.integers(0, 65, (12, 64))
+    cases = [
+        ("copy: Seq2SeqTransformer 2+2 layers d=64, batch 64x10", seq2seq,
+         lambda m: m(batch.src, batch.tgt_in, batch.src_key_padding_mask, batch.tgt_key_padding_mask),
+         batch.tgt_out, 0.01),
+        ("charlm: GPT 4 layers d=128, batch 12x64", gpt, lambda m: m(idx), target, 0.1)]
+    print("\nTraining step (forward, cross-entropy, backward, clip, AdamW) of the built-in models, float32")
+    print(f"{'model':56s} {'ours ms':>9s} {'torch ms':>9s} {'pt/ours':>8s}")
+    for name, model, run, target_ids, weight_decay in cases:
+        params = list(model.parameters())
+        opt = optim.AdamW(params, lr=1e-3, weight_decay=weight_decay)
+        flat_target = target_ids.reshape(-1)
+
+        def ours_loss():
+            logits = run(model)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_target, ignore_index=PAD)
+        ours_step = _training_step(model, params, opt, ours_loss, optim.clip_grad_norm_)
+        torch_step = None
+        if torch is not None:
+            Seq2Seq, GPT = base.torch_models(torch)
+            theirs = GPT(model.config) if model is gpt else Seq2Seq(model.config, model.pos.pe.numpy())
+            theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in model.state_dict().items()})
+            as_torch = lambda a: torch.tensor(a) if a is not None else None
+            if model is gpt:
+                torch_run = lambda: theirs(as_torch(idx))
+            else:
+                torch_run = lambda: theirs(*map(as_torch, (batch.src, batch.tgt_in, batch.src_key_padding_mask,
+                                                           batch.tgt_key_padding_mask)))
+            with tg.no_grad(), torch.no_grad():
+                diff = np.abs(run(model).numpy() - torch_run().numpy()).max()
+            assert diff < 1e-4, f"{name}: the two models disagree by {diff}"
+            tflat = as_torch(flat_target)
+            t_params = list(theirs.parameters())
+            t_opt = torch.optim.AdamW(t_params, lr=1e-3, weight_decay=weight_decay)
+
+            def torch_loss():
+                logits = torch_run()
+                return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tflat,
+                                                         ignore_index=PAD)
+            torch_step = _training_step(theirs, t_params, t_opt, torch_loss, torch.nn.utils.clip_grad_norm_)
+        t_ours, t_torch = best_medians(ours_step, torch_step, rounds=ARGS.rounds or 4)
+        pt = f"{t_torch:9.2f} {t_torch / t_ours:8.2f}" if t_torch else "        -        -"
+        print(f"{name:56s} {t_ours:9.2f} {pt}")
 
 
 STARTUP = """
@@ -261,7 +331,7 @@ def main():
           f"torch threads {torch.get_num_threads() if torch else '-'}, BLAS {tg.ops.kernels.BLAS_NAME}'s, "
           f"load average {os.getloadavg()[0]:.2f}")
     tables = {"kernels": kernel_tables, "alternating": alternating_table, "encoder": encoder_layer_table,
-              "startup": startup_table}
+              "models": models_table, "startup": startup_table}
     for name, table in tables.items():
         if (ARGS.only is None and not (name == "startup" and ARGS.skip_startup)) or name in (ARGS.only or ()):
             table()

@@ -72,6 +72,17 @@ def test_second_backward_through_freed_graph_raises():
         y.backward()
 
 
+def test_freed_op_that_saved_nothing_still_raises_instead_of_dropping_gradients():
+    # Add saves no arrays, but freeing drops its inputs: going through it again
+    # must be an error, not a silent gradient of zero for x.
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x + 2
+    first, second = y.sum(), (y * 3).sum()
+    first.backward()
+    with pytest.raises(RuntimeError, match="Add: trying to backward through the graph a second time"):
+        second.backward()
+
+
 def test_retain_graph_allows_a_second_backward():
     x = Tensor([1.0, 2.0], requires_grad=True)
     y = (x * x).sum()

@@ -34,6 +34,21 @@ class WrongOnOneElement(tg.Function):
         return g
 
 
+class InPlaceDouble(tg.Function):
+    """z = 2x with a correct value but a backward that doubles grad_output in
+    place (the engine hands one gradient array to several ops, e.g. Add's two
+    inputs, so this corrupts the others' gradients)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad *= 2
+        return grad
+
+
 def test_negative_control_wrong_backward_fails():
     x = Tensor(np.random.default_rng(0).normal(size=(3, 2)), requires_grad=True)
     with pytest.raises(tg.GradcheckError) as err:
@@ -41,6 +56,12 @@ def test_negative_control_wrong_backward_fails():
     message = str(err.value)
     assert "input 0" in message and "numerical" in message and "analytic" in message
     assert tg.gradcheck(WrongSquare.apply, x, raise_exception=False) is False
+
+
+def test_backward_that_modifies_grad_output_in_place_fails():
+    x = Tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(tg.GradcheckError, match="modified its grad_output in place"):
+        tg.gradcheck(InPlaceDouble.apply, x)
 
 
 def test_full_jacobian_catches_a_single_wrong_element():

@@ -59,14 +59,21 @@ def _causal_decoder_step():
     F.cross_entropy(out.reshape(-1, 16), np.zeros(12, np.int64), ignore_index=3).backward()
 
 
+def _gpt_step():
+    from tinygrad_attn import models
+    gpt = models.GPT(models.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.1))
+    F.cross_entropy(gpt(np.arange(14).reshape(2, 7) % 11).reshape(-1, 11), np.zeros(14, np.int64)).backward()
+
+
 def test_the_precompiled_step_covers_other_transformer_steps():
     """The background compile learns its kernels from one small step; steps
     of other shapes, layers, masks and dropout need no other signature."""
     compiled = set(dry_run(precompile.training_step))
     assert {k.__name__ for k, _ in compiled} == {
         "attention_forward", "attention_backward", "dropout_apply", "layer_norm_forward",
-        "layer_norm_backward", "cross_entropy_forward", "cross_entropy_backward"}
-    for step in (_encoder_step, _causal_decoder_step):
+        "layer_norm_backward", "cross_entropy_forward", "cross_entropy_backward",
+        "gelu_forward", "gelu_backward"}
+    for step in (_encoder_step, _causal_decoder_step, _gpt_step):
         assert set(dry_run(step)) <= compiled
 
 

@@ -81,6 +81,8 @@ def test_factories():
     assert tg.zeros(2, 2).data.sum() == 0 and tg.ones(3).data.sum() == 3
     assert tg.full((2,), 7.0).tolist() == [7.0, 7.0]
     assert tg.arange(4).tolist() == [0, 1, 2, 3] and tg.arange(4).dtype == np.int64
+    assert tg.arange(0, 1, 0.25).tolist() == [0, 0.25, 0.5, 0.75] and tg.arange(0, 1, 0.25).dtype == np.float32
+    assert tg.arange(3, dtype="float64").dtype == np.float64
     assert tg.zeros_like(a).shape == a.shape
     r = tg.rand(100)
     assert 0 <= r.data.min() and r.data.max() < 1
@@ -105,6 +107,22 @@ def test_numpy_array_on_the_left_gives_a_tensor():
 
 def test_mixed_float_dtypes_promote_like_numpy():
     assert (Tensor(np.ones(2)) + Tensor([1.0, 2.0])).dtype == np.float64
+
+
+@pytest.mark.parametrize("expr, dtype", [
+    (lambda i, f: i * 0.5, np.float32), (lambda i, f: 0.5 - i, np.float32),
+    (lambda i, f: i / 2, np.float32), (lambda i, f: 1 / i, np.float32), (lambda i, f: i / i, np.float32),
+    (lambda i, f: i + f, np.float32), (lambda i, f: f * np.array([1, 2]), np.float32),
+    (lambda i, f: np.array([1, 2]) - f, np.float32), (lambda i, f: i ** 0.5, np.float32),
+    (lambda i, f: f * (f > 1), np.float32), (lambda i, f: i * (f + np.zeros(2)), np.float64),
+    (lambda i, f: i + 1, np.int64), (lambda i, f: i * i, np.int64), (lambda i, f: 2 ** i, np.int64),
+])
+def test_integers_meeting_floats_promote_like_pytorch(expr, dtype):
+    """An integer tensor with a float gives the float's dtype (float32 for a
+    Python float), not numpy's float64; integers alone stay int64."""
+    i, f = Tensor([1, 2]), Tensor([1.0, 2.0])
+    assert expr(i, f).dtype == dtype
+    np.testing.assert_allclose(expr(i, f).data, expr(i.data, f.data.astype(np.float64)), rtol=1e-6)
 
 
 def test_comparisons_return_boolean_tensors_without_grad():

@@ -56,7 +56,10 @@ def numerical_jacobian(fn, inputs, eps=1e-6):
 
 
 def analytic_jacobian(fn, inputs):
-    """The same matrices from backward: row i is the gradient of output element i."""
+    """The same matrices from backward: row i is the gradient of output element i.
+
+    The seeds are read-only: an op whose backward writes into grad_output
+    (which the engine may share with other ops) fails the check."""
     wrt = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
     outs = _outputs(fn, inputs)
     n_out = sum(o.size for o in outs)
@@ -67,7 +70,14 @@ def analytic_jacobian(fn, inputs):
             if o.requires_grad:
                 seed = np.zeros(o.shape, dtype=o.dtype)
                 seed.reshape(-1)[i] = 1
-                grads = autograd_grad([o], wrt, [seed], retain_graph=True, allow_unused=True)
+                seed.flags.writeable = False  # so a backward that writes into it is caught
+                try:
+                    grads = autograd_grad([o], wrt, [seed], retain_graph=True, allow_unused=True)
+                except ValueError as e:
+                    if "read-only" not in str(e):
+                        raise
+                    raise GradcheckError(f"gradcheck: a backward modified its grad_output in place "
+                                         f"({e}); backward must return new arrays") from None
                 for jac, g in zip(jacobians, grads):
                     if g is not None:
                         jac[row] = g.data.reshape(-1)

@@ -75,6 +75,35 @@ def as_tensor_like(x, ref):
     return Tensor(x)
 
 
+_INTEGRAL_KINDS = frozenset("iub")  # numpy dtype kinds: signed, unsigned, bool
+
+
+def _promote(x, y, divide=False):
+    """PyTorch's type promotion where numpy's differs: an integer or boolean
+    operand meeting a float one takes its float dtype (float32 for a Python
+    float), and dividing integers gives float32. numpy would turn all of
+    these into float64, silently leaving the float32 default."""
+    kx = x.dtype.kind if isinstance(x, (Tensor, np.ndarray)) else None
+    ky = y.dtype.kind if isinstance(y, (Tensor, np.ndarray)) else None
+    if kx not in _INTEGRAL_KINDS and ky not in _INTEGRAL_KINDS:
+        return x, y  # the usual case (floats, or a float with a Python number): nothing to do
+    floats = [v.dtype for v, k in ((x, kx), (y, ky)) if k == "f"]
+    if floats:
+        target = floats[0]
+    elif divide or any(isinstance(v, float) for v in (x, y)):
+        target = float32
+    else:
+        return x, y  # integers with integers stay integers
+
+    def cast(v):
+        if isinstance(v, Tensor) and v.dtype.kind != "f":
+            return v.to(target)
+        if isinstance(v, np.ndarray) and v.dtype.kind != "f":
+            return v.astype(target)
+        return v
+    return cast(x), cast(y)
+
+
 def _reduce_args(axis, keepdims, torch_names, op):
     """Accept PyTorch's `dim=` / `keepdim=` spellings as well as numpy's."""
     dim = torch_names.pop("dim", None)
@@ -277,34 +306,37 @@ class Tensor:
 
     # ------------------------------------------------------------ arithmetic
     def __add__(self, other):
-        return E.Add.apply(self, other)
+        return E.Add.apply(*_promote(self, other))
 
     def __radd__(self, other):
-        return E.Add.apply(other, self)
+        return E.Add.apply(*_promote(other, self))
 
     def __sub__(self, other):
-        return E.Sub.apply(self, other)
+        return E.Sub.apply(*_promote(self, other))
 
     def __rsub__(self, other):
-        return E.Sub.apply(as_tensor_like(other, self), self)
+        a, b = _promote(other, self)
+        return E.Sub.apply(as_tensor_like(a, b), b)
 
     def __mul__(self, other):
-        return E.Mul.apply(self, other)
+        return E.Mul.apply(*_promote(self, other))
 
     def __rmul__(self, other):
-        return E.Mul.apply(other, self)
+        return E.Mul.apply(*_promote(other, self))
 
     def __truediv__(self, other):
-        return E.Div.apply(self, other)
+        return E.Div.apply(*_promote(self, other, divide=True))
 
     def __rtruediv__(self, other):
-        return E.Div.apply(as_tensor_like(other, self), self)
+        a, b = _promote(other, self, divide=True)
+        return E.Div.apply(as_tensor_like(a, b), b)
 
     def __pow__(self, other):
-        return E.Pow.apply(self, other)
+        return E.Pow.apply(*_promote(self, other))
 
     def __rpow__(self, other):
-        return E.Pow.apply(as_tensor_like(other, self), self)
+        a, b = _promote(other, self)
+        return E.Pow.apply(as_tensor_like(a, b), b)
 
     def __matmul__(self, other):
         return MatMul.apply(self, other)
@@ -597,10 +629,11 @@ def ones_like(t, dtype=None, requires_grad=False):
 
 
 def arange(start, stop=None, step=1, dtype=None):
+    """[start, stop) by step: int64 for integer arguments, float32 if any is a float."""
     if stop is None:
         start, stop = 0, start
     data = np.arange(start, stop, step)
-    return Tensor(data, dtype=dtype)
+    return Tensor(data, dtype=dtype if dtype is not None or data.dtype.kind != "f" else float32)
 
 
 def randn(*shape, dtype=float32, requires_grad=False):

@@ -62,8 +62,13 @@ def _join(prefix, name):
 
 def _as_array(value):
     """The numpy array behind a Tensor, a numpy array, or anything with
-    `__array__` (a torch tensor from a state_dict, for instance)."""
-    return value.data if isinstance(value, Tensor) else np.asarray(value)
+    `__array__`: a torch tensor, detached first (a torch Parameter refuses
+    numpy conversion while it requires grad)."""
+    if isinstance(value, Tensor):
+        return value.data
+    if hasattr(value, "detach"):
+        value = value.detach()
+    return np.asarray(value)
 
 
 class Module:

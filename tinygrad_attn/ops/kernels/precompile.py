@@ -105,16 +105,18 @@ def wait():
 def training_step():
     """A tiny float32 training step: an encoder-decoder Transformer with
     padding and causal masks and dropout, and a cross-entropy loss. It calls
-    every kernel a Transformer step calls (GELU as in the GPT model), with
-    the argument types a step of any size gives them."""
+    every kernel a Transformer step calls, with the argument types a step of
+    any size gives them. GELU (the GPT model's activation) comes first: the
+    background compiles it last, after the kernels every model needs."""
     import numpy as np
 
     import tinygrad_attn as tg
     from tinygrad_attn import functional as F
     from tinygrad_attn import nn
     model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                           dim_feedforward=16, dropout=0.1, activation="gelu")
+                           dim_feedforward=16, dropout=0.1)
     head = nn.Linear(8, 5)
+    F.gelu(tg.randn(3, requires_grad=True)).sum().backward()
     src, tgt = tg.randn(2, 3, 8), tg.randn(2, 4, 8)
     padding = np.array([[False, False, True], [False, False, False]])
     out = model(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(4),
