@@ -1,10 +1,12 @@
 """The command line: help, argument and user errors (one line, exit status
 2, no traceback), and small end-to-end runs of train, resume, sample,
 decode and Ctrl-C."""
+import importlib
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +85,8 @@ def test_every_training_setting_has_an_option():
     (["train", "--steps", "0"], "--steps"),
     (["train", "--steps", "ten"], "--steps"),
     (["train", "--lr", "-1"], "--lr"),
+    (["train", "--seed", "-1"], "--seed"),
+    (["sample", "ckpt", "--seed", "-3"], "--seed"),
     (["train", "--task", "translate"], "--task"),
     (["train", "--bogus"], "unrecognized arguments: --bogus"),
     (["sample"], "CHECKPOINT"),
@@ -100,6 +104,12 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
 ])
 def test_bad_settings_and_missing_files_exit_2(capsys, argv, fragment):
     assert_user_error(run(argv, capsys), fragment)
+
+
+def test_an_output_directory_that_cannot_be_made_exits_2(tmp_path, capsys):
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    assert_user_error(run(["train", "--out", str(taken)] + TINY, capsys), "--out", "output directory")
 
 
 def test_a_text_that_is_not_utf8_exits_2(tmp_path, capsys):
@@ -133,6 +143,13 @@ def test_module_entry_point_in_a_subprocess(tmp_path):
                            "print(sorted({'matplotlib', 'tqdm'} & set(sys.modules)))"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert lazy.stdout.strip() == "[]", lazy.stderr
+
+
+def test_console_script_points_at_main():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    module, _, name = pyproject["project"]["scripts"]["tinygrad-attn"].partition(":")
+    assert getattr(importlib.import_module(module), name) is main
 
 
 # --------------------------------------------------------------------------- end to end

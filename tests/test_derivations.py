@@ -13,6 +13,7 @@ import pytest
 
 import tinygrad_attn as tg
 import tinygrad_attn.functional as F
+from tinygrad_attn import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "backprop_through_attention.md"
@@ -151,6 +152,41 @@ def test_additive_mask_passes_gradient_unchanged():
     close(P * (G - (G * P).sum(-1, keepdims=True)), numerical_grad(L, S))
 
 
+def test_attention_with_dropout_gradients():
+    """O = (P * D) V: G_V = (P * D)^T G_O, G_P = (G_O V^T) * D, the rest unchanged."""
+    n, d_k, p = 4, 3, 0.5
+    Q, K, V, GO = (rng.normal(size=(n, d_k)) for _ in range(4))
+    P = softmax(Q @ K.T / np.sqrt(d_k))
+    # The kernel draws D from the framework's generator: the same seed gives the same D,
+    # and with V = identity the output is P * D itself.
+    tg.manual_seed(7)
+    D = F.scaled_dot_product_attention(tg.Tensor(Q), tg.Tensor(K), tg.Tensor(np.eye(n)), dropout_p=p).data / P
+    assert set(np.round(D, 12).ravel()) == {0.0, 1 / (1 - p)}
+
+    GV = (P * D).T @ GO
+    GP = (GO @ V.T) * D
+    GS = P * (GP - (GP * P).sum(-1, keepdims=True))
+    GQ, GK = GS @ K / np.sqrt(d_k), GS.T @ Q / np.sqrt(d_k)
+    L = lambda: np.sum(GO * ((softmax(Q @ K.T / np.sqrt(d_k)) * D) @ V))
+    for formula, x in ((GQ, Q), (GK, K), (GV, V)):
+        close(formula, numerical_grad(L, x))
+    tg.manual_seed(7)
+    ours = tg_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=p), Q, K, V, GO)
+    close([GQ, GK, GV], ours)
+
+
+def test_a_query_with_every_key_masked_gets_zero_output_and_sends_no_gradient():
+    Q, K, V, GO = (rng.normal(size=(3, 2)) for _ in range(4))
+    may_attend = np.array([[True, False, True], [False, False, False], [True, True, True]])
+    q, k, v = (tg.Tensor(a, requires_grad=True) for a in (Q, K, V))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=tg.Tensor(may_attend))
+    (out * tg.Tensor(GO)).sum().backward()
+    assert np.all(out.data[1] == 0) and np.all(q.grad.data[1] == 0)
+    # the other rows are plain masked attention, and row 1 adds nothing to dK, dV
+    GQ, GK, GV, _ = attention_backward(Q[[0, 2]], K, V, GO[[0, 2]], mask=~may_attend[[0, 2]])
+    close([GQ, GK, GV], [q.grad.data[[0, 2]], k.grad.data, v.grad.data])
+
+
 # 6. Multi-head: the seeds' example -------------------------------------------
 
 def test_multi_head_split_concat_and_output_projection():
@@ -180,6 +216,18 @@ def test_multi_head_split_concat_and_output_projection():
         GQi, _, _, _ = attention_backward(X @ q, X @ k, X @ v, GZ[:, i * d_h:(i + 1) * d_h])
         GWQ_heads.append(X.T @ GQi)
     close(np.concatenate(GWQ_heads, axis=1), numerical_grad(L, WQ))   # concat of per-head grads
+
+    # nn.MultiHeadAttention with these weights (PyTorch's (out, in) layout, no biases)
+    # computes the same output and the same gradients.
+    mha = nn.MultiHeadAttention(d, h, head_dim=d_h, bias=False).double()
+    mha.load_state_dict({"in_proj_weight": np.concatenate([WQ.T, WK.T, WV.T]), "out_proj.weight": WO.T})
+    x = tg.Tensor(X.copy(), requires_grad=True)
+    out, _ = mha(x, x, x)
+    close(out.data, Y)
+    (out * tg.Tensor(GY)).sum().backward()
+    close(mha.out_proj.weight.grad.data, (Zc.T @ GY).T)
+    close(mha.in_proj_weight.grad.data[:h * d_h], np.concatenate(GWQ_heads, axis=1).T)
+    close(x.grad.data, numerical_grad(lambda: np.sum(GY * forward()[1]), X))
 
 
 # 7-8. LayerNorm, residual Add & Norm ----------------------------------------
@@ -256,7 +304,10 @@ def test_positional_encoding_adds_no_parameters_and_passes_gradient():
     PE[:, 1::2] = np.cos(pos / 10000 ** (i2 / d))
     E, G = rng.normal(size=(T, d)), rng.normal(size=(T, d))
     close(G, numerical_grad(lambda: np.sum(G * (E + PE)), E))   # G_E = G_H
-    close(G, tg_grads(lambda e: e + tg.Tensor(PE), E, G)[0])
+    layer = nn.PositionalEncoding(d, max_len=16)
+    assert list(layer.parameters()) == [] and list(layer.state_dict()) == []
+    close(layer(tg.Tensor(E)).data, E + PE)
+    close(G, tg_grads(layer, E, G)[0])
 
 
 def test_embedding_backward_is_a_scatter_add():

@@ -25,17 +25,23 @@ def lrs_over(sched, steps):
     return np.array(out)
 
 
-def torch_lambda_lrs(torch, lrs, lr_lambda, steps):
-    """The lrs torch.optim.lr_scheduler.LambdaLR gives with the same groups."""
+def torch_scheduler_lrs(torch, lrs, make, steps):
+    """The lrs of the torch.optim.lr_scheduler make(optimizer) builds over
+    groups with these lrs, read as lrs_over reads ours."""
     params = [torch.zeros(2, requires_grad=True) for _ in lrs]
     opt = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, lrs)], lr=1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    sched = make(opt)
     out = []
     for _ in range(steps):
         out.append([g["lr"] for g in opt.param_groups])
         opt.step()
         sched.step()
     return np.array(out)
+
+
+def torch_lambda_lrs(torch, lrs, lr_lambda, steps):
+    """The lrs torch.optim.lr_scheduler.LambdaLR gives with the same groups."""
+    return torch_scheduler_lrs(torch, lrs, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda), steps)
 
 
 # ------------------------------------------------- reference schedules
@@ -88,6 +94,22 @@ def test_cosine_warmup_equals_torch_lambda_lr():
     ours = lrs_over(CosineWarmupLR(two_groups(), warmup_steps=4, total_steps=30), 31)
     theirs = torch_lambda_lrs(torch, (0.1, 0.02), hf_cosine(4, 30), 31)
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-15)
+
+
+def test_cosine_without_warmup_equals_torch_cosine_annealing_with_eta_min():
+    torch = pytest.importorskip("torch")
+    ours = lrs_over(CosineWarmupLR(two_groups(), warmup_steps=0, total_steps=25, min_lr=0.005), 26)
+    theirs = torch_scheduler_lrs(torch, (0.1, 0.02), lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=25, eta_min=0.005), 26)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-15)
+
+
+def test_linear_decay_without_warmup_equals_torch_linear_lr():
+    torch = pytest.importorskip("torch")
+    ours = lrs_over(LinearWarmupLR(two_groups((0.1,)), warmup_steps=0, total_steps=12, min_lr=0.025), 16)
+    theirs = torch_scheduler_lrs(torch, (0.1,), lambda opt: torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=1.0, end_factor=0.25, total_iters=12), 16)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-15)
 
 
 def test_inverse_sqrt_equals_the_annotated_transformers_rate():

@@ -1,10 +1,13 @@
 """The training library: learning, exact resume, Ctrl-C checkpoints,
 parameter groups, schedules, gradient-norm logs and configuration checks."""
+import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -260,3 +263,21 @@ def test_evaluation_lines_go_to_the_log(tmp_path, progress):
     Trainer(tiny(tmp_path, steps=4, eval_every=2), progress=progress, log=lines.append).fit()
     assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
     assert all("tok/s" in line and "exact_match" in line for line in lines)
+
+
+def test_progress_bar_shows_step_loss_lr_and_throughput(tmp_path, monkeypatch):
+    pytest.importorskip("tqdm")
+
+    class Terminal(io.StringIO):  # tqdm draws its bar only on a terminal
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bars, lines = [], []
+    trainer = Trainer(tiny(tmp_path, steps=4, eval_every=2), progress=True, log=lines.append)
+    trainer.fit(callbacks=[lambda t: bars.append(str(t._bar))])
+    assert len(bars) == 4
+    for step, bar in enumerate(bars, 1):
+        assert re.search(rf" {step}/4 .*loss \d+\.\d{{4}} \| lr \d\.\d\de-\d\d \| [\d,]+ tok/s", bar), bar
+    assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert "tok/s" in sys.stderr.getvalue()

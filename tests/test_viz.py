@@ -45,6 +45,12 @@ def test_dot_uses_tensor_names_and_marks_freed_graphs():
     assert "graph freed by backward" in viz.graph(loss)
 
 
+def test_names_are_escaped_in_the_dot_text():
+    x, loss = small_graph()
+    x.name = 'say "hi" \\ bye'
+    assert r'label="say \"hi\" \\ bye\n(2,) float32' in viz.graph(loss)
+
+
 def test_render_without_graphviz_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` here
     _, loss = small_graph()
@@ -53,6 +59,8 @@ def test_render_without_graphviz_is_a_clear_error(tmp_path, monkeypatch):
     # .dot output needs no Graphviz
     out = viz.render(loss, str(tmp_path / "g.dot"))
     assert open(out).read() == viz.graph(loss)
+    with pytest.raises(ValueError, match="no extension"):
+        viz.render(loss, str(tmp_path / "graph"))
 
 
 def test_render_pipes_dot_text_to_graphviz(tmp_path, monkeypatch):
@@ -83,6 +91,16 @@ def test_attention_heatmap_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="key tokens"):
         viz.attention_heatmap(w, tokens=["a", "b"], path=str(path))
+
+
+def test_a_failing_graphviz_is_reported_with_its_message(tmp_path, monkeypatch):
+    fake = tmp_path / "dot"
+    fake.write_text('#!/bin/sh\necho \'Format: "xyz" not recognized\' >&2\nexit 1\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    _, loss = small_graph()
+    with pytest.raises(RuntimeError, match='could not write .*g.xyz as xyz: Format: "xyz" not recognized'):
+        viz.render(loss, str(tmp_path / "g.xyz"))
 
 
 @pytest.mark.skipif(not __import__("shutil").which("dot"), reason="Graphviz not installed (the fake-dot test covers the plumbing)")

@@ -125,7 +125,8 @@ def _add_train_options(p):
                           f"are not decayed (default: {d('weight_decay')})")
     opt.add_argument("--grad-clip", type=_non_negative_float, default=1.0, metavar="NORM",
                      help="clip the global gradient norm to NORM, 0 to disable (default: 1.0)")
-    opt.add_argument("--seed", type=int, default=0, help="random seed of the run (default: 0)")
+    opt.add_argument("--seed", type=_non_negative_int, default=0, metavar="N",
+                     help="random seed of the run (default: 0)")
 
     run = p.add_argument_group("evaluation and output")
     run.add_argument("--eval-every", type=_positive_int, metavar="N",
@@ -192,7 +193,7 @@ def build_parser(prog="tinygrad-attn"):
                         help="sample only among the K most likely characters (default: all)")
     sample.add_argument("--num-samples", type=_positive_int, default=1, metavar="N",
                         help="independent samples (default: 1)")
-    sample.add_argument("--seed", type=int,
+    sample.add_argument("--seed", type=_non_negative_int, metavar="N",
                         help="random seed, for repeatable samples (default: a fresh one)")
 
     decode = commands.add_parser("decode", help="run a seq2seq checkpoint on input sequences",
@@ -231,9 +232,13 @@ def _setup(make_trainer):
     """Build the trainer and its output directory; user errors become _Fail."""
     try:
         trainer = make_trainer()
-        os.makedirs(trainer.config.out, exist_ok=True)
     except USER_ERRORS as e:
         raise _Fail(e) from None
+    out = trainer.config.out
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise _Fail(f"--out {out}: cannot create the output directory ({e.strerror})") from None
     return trainer
 
 

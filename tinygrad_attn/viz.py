@@ -18,10 +18,15 @@ import numpy as np
 from .tensor import Tensor
 
 
+def _escape(text):
+    """Text inside a double-quoted DOT string: backslashes and quotes escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _tensor_label(t, names):
     name = names.get(id(t)) or t.name
     shape = str(t.shape) if t.shape else "scalar"
-    parts = ([name] if name else []) + [f"{shape} {t.dtype}"]
+    parts = ([_escape(str(name))] if name else []) + [f"{shape} {t.dtype}"]
     if t.requires_grad:
         parts.append("requires_grad")
     return "\\n".join(parts)
@@ -80,6 +85,9 @@ def render(root, path, params=None):
     Writes the DOT text to a .dot path without needing Graphviz."""
     text = graph(root, params)
     ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        raise ValueError(f"render: {path!r} has no extension to choose the format from "
+                         "(use .svg, .png, .pdf, or .dot for the DOT text)")
     if ext in ("dot", "gv"):
         with open(path, "w") as f:
             f.write(text)
@@ -89,7 +97,10 @@ def render(root, path, params=None):
         raise RuntimeError("render: Graphviz's `dot` program was not found on PATH. Install Graphviz "
                            "(e.g. `apt install graphviz`) or save DOT text with a .dot path and "
                            "view it elsewhere (e.g. https://dreampuf.github.io/GraphvizOnline).")
-    subprocess.run([dot, f"-T{ext}", "-o", path], input=text.encode(), check=True)
+    result = subprocess.run([dot, f"-T{ext}", "-o", path], input=text.encode(), capture_output=True)
+    if result.returncode != 0:
+        message = result.stderr.decode(errors="replace").strip()
+        raise RuntimeError(f"render: Graphviz's dot could not write {path} as {ext}: {message}")
     return path
 
 
