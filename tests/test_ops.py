@@ -171,14 +171,15 @@ def getitem_case(draw):
     shape = draw(shapes(min_dims=1, min_side=2))
     x = draw(arrays(shape))
     n0 = shape[0]
-    kind = draw(st.sampled_from(["int", "slice", "none-ellipsis", "int-array-repeats", "bool-mask",
-                                 "mixed"]))
+    kind = draw(st.sampled_from(["int", "slice", "none-ellipsis", "int-array-repeats", "int-array-2d",
+                                 "bool-mask", "mixed"]))
     rng = np.random.default_rng(draw(st.integers(0, 1000)))
     index = {
         "int": -1,
         "slice": slice(None, None, 2),
         "none-ellipsis": (None, Ellipsis, 0),
         "int-array-repeats": np.array([0, 1, 0, n0 - 1]),  # repeated indices must accumulate
+        "int-array-2d": np.array([[0, -1, 1], [-1, 0, 0]]),  # an embedding lookup of (B, T) ids
         "bool-mask": rng.random(shape) > 0.4,
         "mixed": (slice(1, None), [0, 0]) if len(shape) >= 2 else [1, 1],
     }[kind]

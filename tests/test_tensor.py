@@ -207,6 +207,20 @@ def test_getitem_repeated_indices_accumulate():
     assert x.grad.tolist() == [0.0, 3.0, 0.0]
 
 
+@pytest.mark.parametrize("rows", [[3, -1, 0, 3, 3, 1], [[2, 2], [0, -4]], [], [[]]])
+def test_row_lookup_gradient_is_np_add_at(rows):
+    """x[rows] (an embedding lookup) scatter-adds by sorting the rows: the
+    same gradient as np.add.at, for negative, repeated, 2-D and empty rows."""
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((4, 3, 2)), requires_grad=True)
+    rows = np.array(rows, dtype=np.int64)
+    grad = rng.standard_normal(rows.shape + (3, 2))
+    x[rows].backward(grad)
+    expected = np.zeros((4, 3, 2))
+    np.add.at(expected, rows, grad)
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-15, atol=1e-15)
+
+
 def test_cat_stack_where_free_functions():
     a, b = Tensor([[1.0, 2.0]]), Tensor([[3.0, 4.0]])
     assert tg.cat([a, b]).tolist() == [[1, 2], [3, 4]]
