@@ -110,13 +110,13 @@ def _scatter_add_rows(shape, rows, grad):
     rows = np.where(rows < 0, rows + shape[0], rows)  # x[-1] is the last row
     width = math.prod(shape[1:])
     g = grad.reshape(rows.size, width)
-    out = np.zeros((shape[0], width), grad.dtype)
+    out = np.zeros(shape, grad.dtype)  # returned itself, not a view: a leaf (the table) keeps it without a copy
     if rows.size:
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
         starts = np.flatnonzero(np.diff(sorted_rows, prepend=-1))  # where each run of one row begins
-        out[sorted_rows[starts]] = np.add.reduceat(g[order], starts, axis=0)
-    return out.reshape(shape)
+        out.reshape(shape[0], width)[sorted_rows[starts]] = np.add.reduceat(g[order], starts, axis=0)
+    return out
 
 
 class GetItem(Function):

@@ -53,15 +53,15 @@ class LayerNorm(Function):
         x2, w, mean, rstd = ctx.saved_tensors
         rows, n = x2.shape
         g2 = as_rows(grad, x2.dtype).reshape(rows, n)
-        dx = np.empty_like(x2)
+        dx = np.empty(grad.shape, x2.dtype)  # the kernel writes it as (rows, n); not a view, so a leaf keeps it
         # Fixed blocks of rows (so the dw, db sums do not depend on the threads), 8 per range.
         block_rows = max(1, items_per_range(0.5 * n) // 8)  # ~0.5 ns per element
         n_blocks = -(-rows // block_rows)
         dw_blocks = np.empty((n_blocks, n), x2.dtype)
         db_blocks = np.empty((n_blocks, n), x2.dtype)
         if rows and n:
-            kernels.parallel_for(kernels.layer_norm_backward, n_blocks, x2, w, mean, rstd, g2, dx,
-                                 dw_blocks, db_blocks, block_rows, min_items=8)
-        return (dx.reshape(grad.shape),
+            kernels.parallel_for(kernels.layer_norm_backward, n_blocks, x2, w, mean, rstd, g2,
+                                 dx.reshape(rows, n), dw_blocks, db_blocks, block_rows, min_items=8)
+        return (dx,
                 dw_blocks.sum(axis=0).reshape(ctx.norm_shape) if ctx.needs_input_grad[1] else None,
                 db_blocks.sum(axis=0).reshape(ctx.norm_shape) if ctx.needs_input_grad[2] else None)

@@ -23,10 +23,12 @@ def _rowwise(kernel, element_ns, axis, *arrays, log):
     shape = arrays[0].shape
     moved = [np.moveaxis(a.reshape(shape or (1,)), axis, -1) for a in arrays]
     rows = [as_rows(a) for a in moved]
-    out = np.empty_like(rows[0])
+    out = np.empty(moved[0].shape, rows[0].dtype)
     if out.size:
-        run_rows(kernel, out.shape[0], element_ns * out.shape[1], *rows, out, log)
-    return np.moveaxis(out.reshape(moved[0].shape), -1, axis).reshape(shape)
+        run_rows(kernel, rows[0].shape[0], element_ns * rows[0].shape[1], *rows, out.reshape(rows[0].shape), log)
+    if out.shape == shape and axis == len(shape) - 1:
+        return out  # not a view: the engine can keep it as a leaf's .grad without copying
+    return np.moveaxis(out, -1, axis).reshape(shape)
 
 
 class Softmax(Function):
