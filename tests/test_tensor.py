@@ -125,6 +125,17 @@ def test_integers_meeting_floats_promote_like_pytorch(expr, dtype):
     np.testing.assert_allclose(expr(i, f).data, expr(i.data, f.data.astype(np.float64)), rtol=1e-6)
 
 
+def test_where_maximum_minimum_promote_like_pytorch():
+    i, f = Tensor([1, 2]), Tensor([1.5, 0.5])
+    cases = [(tg.maximum(i, f), np.float32, [1.5, 2]), (i.maximum(0.5), np.float32, [1, 2]),
+             (tg.minimum(f, i), np.float32, [1, 0.5]), (i.minimum(Tensor(np.ones(2))), np.float64, [1, 1]),
+             (tg.minimum(i, 1), np.int64, [1, 1]), (tg.where(i > 1, i, 0.5), np.float32, [0.5, 2]),
+             (tg.where(f > 1, f, i), np.float32, [1.5, 2]), (tg.where(i > 1, i, 0), np.int64, [0, 2])]
+    for result, dtype, expected in cases:
+        assert result.dtype == dtype
+        np.testing.assert_array_equal(result.data, expected)
+
+
 def test_comparisons_return_boolean_tensors_without_grad():
     x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
     for mask in (x > 1, x >= 2, x < 2, x <= 2, x == 2, x != 2):

@@ -417,10 +417,10 @@ class Tensor:
     clamp = clip
 
     def maximum(self, other):
-        return E.Maximum.apply(self, other)
+        return E.Maximum.apply(*_promote(self, other))
 
     def minimum(self, other):
-        return E.Minimum.apply(self, other)
+        return E.Minimum.apply(*_promote(self, other))
 
     def masked_fill(self, mask, value):
         """Replace the elements where `mask` is True by `value`."""
@@ -588,16 +588,17 @@ def stack(tensors, dim=0):
 
 def where(condition, x, y):
     """Elementwise `x if condition else y` (condition: a boolean tensor)."""
+    x, y = _promote(x, y)
     ref = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
     return E.Where.apply(condition, as_tensor_like(x, ref), as_tensor_like(y, ref))
 
 
 def maximum(x, y):
-    return E.Maximum.apply(x, y)
+    return E.Maximum.apply(*_promote(x, y))
 
 
 def minimum(x, y):
-    return E.Minimum.apply(x, y)
+    return E.Minimum.apply(*_promote(x, y))
 
 
 def matmul(a, b):
