@@ -217,7 +217,7 @@ def encoder_layer_table():
         print(f"{p:<8} {t_ours:9.2f} {pt}")
 
 
-def _training_step(model, params, optimizer, loss_fn, clip_grad_norm):
+def _training_step(params, optimizer, loss_fn, clip_grad_norm):
     """One step as the trainer takes it: zero the gradients, loss, backward, clip to norm 1, AdamW."""
     def step():
         optimizer.zero_grad()
@@ -255,7 +255,7 @@ def models_table():
         def ours_loss():
             logits = run(model)
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_target, ignore_index=PAD)
-        ours_step = _training_step(model, params, opt, ours_loss, optim.clip_grad_norm_)
+        ours_step = _training_step(params, opt, ours_loss, optim.clip_grad_norm_)
         torch_step = None
         if torch is not None:
             Seq2Seq, GPT = base.torch_models(torch)
@@ -278,7 +278,7 @@ def models_table():
                 logits = torch_run()
                 return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tflat,
                                                          ignore_index=PAD)
-            torch_step = _training_step(theirs, t_params, t_opt, torch_loss, torch.nn.utils.clip_grad_norm_)
+            torch_step = _training_step(t_params, t_opt, torch_loss, torch.nn.utils.clip_grad_norm_)
         t_ours, t_torch = best_medians(ours_step, torch_step, rounds=ARGS.rounds or 4)
         pt = f"{t_torch:9.2f} {t_torch / t_ours:8.2f}" if t_torch else "        -        -"
         print(f"{name:56s} {t_ours:9.2f} {pt}")

@@ -38,34 +38,23 @@ class _Fail(Exception):
     """A user error found while running a command (exit status 2)."""
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_type(convert, accept, expected, unparsable=None):
+    """An argparse type: convert(text), with a one-line error unless it parses and accept(value)."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {unparsable or expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+_positive_int = _number_type(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _number_type(int, lambda v: v >= 0, "an integer >= 0")
+_non_negative_float = _number_type(float, lambda v: v >= 0 and v != float("inf"), "a finite number >= 0",
+                                   unparsable="a number")
 
 
 def _task_default(name):

@@ -138,6 +138,17 @@ class LambdaLR(LRScheduler):
         return [base_lr * f(self.last_epoch) for f, base_lr in zip(self.lr_lambdas, self.base_lrs)]
 
 
+def _check_decay_after_warmup(name, warmup_steps, total_steps):
+    if total_steps <= warmup_steps:
+        raise ValueError(f"{name}: total_steps ({total_steps}) must be greater than "
+                         f"warmup_steps ({warmup_steps})")
+
+
+def _decay_progress(step, warmup_steps, total_steps):
+    """How far `step` is from the end of warmup to `total_steps`, in [0, 1]."""
+    return min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+
+
 class LinearWarmupLR(LRScheduler):
     """Linear warmup from 0 to the base lr, then constant or a linear decay.
 
@@ -158,9 +169,7 @@ class LinearWarmupLR(LRScheduler):
         _check_steps("LinearWarmupLR", warmup_steps=warmup_steps)
         if total_steps is not None:
             _check_steps("LinearWarmupLR", total_steps=total_steps)
-            if total_steps <= warmup_steps:
-                raise ValueError(f"LinearWarmupLR: total_steps ({total_steps}) must be greater "
-                                 f"than warmup_steps ({warmup_steps})")
+            _check_decay_after_warmup("LinearWarmupLR", warmup_steps, total_steps)
         self.warmup_steps, self.total_steps, self.min_lr = warmup_steps, total_steps, min_lr
         _check_min_lr(type(self).__name__, optimizer, min_lr)
         super().__init__(optimizer, last_epoch)
@@ -170,8 +179,7 @@ class LinearWarmupLR(LRScheduler):
             return base_lr * step / self.warmup_steps
         if self.total_steps is None:
             return base_lr
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return base_lr + (self.min_lr - base_lr) * progress
+        return base_lr + (self.min_lr - base_lr) * _decay_progress(step, self.warmup_steps, self.total_steps)
 
 
 class InverseSqrtLR(LRScheduler):
@@ -224,9 +232,7 @@ class CosineWarmupLR(LRScheduler):
 
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0, last_epoch=-1):
         _check_steps("CosineWarmupLR", warmup_steps=warmup_steps, total_steps=total_steps)
-        if total_steps <= warmup_steps:
-            raise ValueError(f"CosineWarmupLR: total_steps ({total_steps}) must be greater than "
-                             f"warmup_steps ({warmup_steps})")
+        _check_decay_after_warmup("CosineWarmupLR", warmup_steps, total_steps)
         self.warmup_steps, self.total_steps, self.min_lr = warmup_steps, total_steps, min_lr
         _check_min_lr(type(self).__name__, optimizer, min_lr)
         super().__init__(optimizer, last_epoch)
@@ -234,5 +240,5 @@ class CosineWarmupLR(LRScheduler):
     def lr_at(self, base_lr, step):
         if step < self.warmup_steps:
             return base_lr * step / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        progress = _decay_progress(step, self.warmup_steps, self.total_steps)
         return self.min_lr + (base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
