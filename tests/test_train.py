@@ -56,7 +56,7 @@ def test_the_copy_task_is_learned(tmp_path):
                          out=str(tmp_path / "copy"))
     trainer = quiet(config)
     trainer.fit()
-    losses = [loss for _, loss, _ in trainer.history["train"]]
+    losses = [row[1] for row in trainer.history["train"]]
     assert np.mean(losses[:10]) > 2.0 and np.mean(losses[-20:]) < 0.02
     metrics = trainer.job.final_evaluate()
     assert metrics["exact_match"] >= 0.99
