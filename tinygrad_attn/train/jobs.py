@@ -168,7 +168,8 @@ class Seq2SeqJob:
 
 
 def _show_char(c):
-    return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(c, c)
+    """A character as a heatmap label: visible whitespace, one glyph each."""
+    return {"\n": "↵", " ": "·", "\t": "→"}.get(c, c)
 
 
 class CharLMJob:
@@ -253,7 +254,7 @@ class CharLMJob:
                                   generator=np.random.default_rng(self.config.seed))
         return ["sample (temperature 0.8, top-k 20):"] + self.data.decode(ids).splitlines()
 
-    def attention_example(self, length=20):
+    def attention_example(self, length=16):
         """[(name, weights (heads, T, T), tokens, tokens, title)] for the first
         `length` characters of the first validation window."""
         x = self.val_x[:1, :length]

@@ -88,14 +88,25 @@ def attention_heatmaps(maps, directory):
     """One PNG per attention layer (a panel per head) in `directory`.
 
     maps: [(layer name, weights (heads, L, S), key tokens, query tokens, title)].
-    Returns the paths written.
+    Short token labels (one or two characters, as charlm's) are drawn
+    larger and upright. Returns the paths written.
     """
     os.makedirs(directory, exist_ok=True)
     plt = _pyplot()
     paths = []
     for name, weights, keys, queries, title in maps:
         path = os.path.join(directory, f"{name}.png")
-        viz.attention_heatmap(weights, keys, path, query_tokens=queries, title=title)
+        fig = viz.attention_heatmap(weights, keys, None, query_tokens=queries, title=title)
+        if max(len(str(t)) for t in list(keys) + list(queries)) <= 2:
+            width, height = fig.get_size_inches()
+            fig.set_size_inches(width * 1.3, height * 1.3)
+            for ax in fig.axes:
+                if ax.get_label() == "<colorbar>":
+                    continue
+                ax.tick_params(axis="x", labelrotation=0, labelsize=11)
+                ax.tick_params(axis="y", labelsize=11)
+            fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
         paths.append(path)
-    plt.close("all")
     return paths
