@@ -246,6 +246,7 @@ class Trainer:
         self._resumed_from = None  # the directory of the checkpoint this trainer was loaded from
         self._saved_step = None    # the step of the last checkpoint written (or loaded)
         self._output_ready = False
+        self._rows_logged = 0      # history["train"] rows already in metrics.jsonl
 
     @property
     def checkpoint_path(self):
@@ -297,6 +298,7 @@ class Trainer:
                 f.write(json.dumps(self._train_record(*row)) + "\n")
                 for record in evals.get(row[0], []):
                     f.write(json.dumps(self._eval_record(record)) + "\n")
+        self._rows_logged = len(self.history["train"])
 
     @staticmethod
     def _train_record(step, loss, lr, grad_norm):
@@ -310,11 +312,18 @@ class Trainer:
     def _log_metrics(self, record):
         append_jsonl(self._path(METRICS_LOG_NAME), record)
 
+    def _log_new_steps(self):
+        """Write the history's steps that metrics.jsonl does not have yet."""
+        for row in self.history["train"][self._rows_logged:]:
+            self._log_metrics(self._train_record(*row))
+        self._rows_logged = len(self.history["train"])
+
     # ------------------------------------------------------------ one step
     def train_step(self):
         """One optimisation step; returns (loss, number of target tokens).
 
-        The global gradient norm (before clipping) goes to self.grad_norm.
+        The step is recorded in history["train"]; the global gradient norm
+        (before clipping) also goes to self.grad_norm.
         If the loss or that norm is not finite the update is not applied and
         TrainingDiverged is raised (self.step and the weights stay as they were).
         """
@@ -340,6 +349,7 @@ class Trainer:
             self.step = next_step
             self.grad_norm = grad_norm
             self._rng_state = get_generator().bit_generator.state
+            self.history["train"].append([self.step, loss_value, self.scheduler.get_last_lr()[0], grad_norm])
         return loss_value, self.job.num_tokens(batch)
 
     def _log_grad_norms(self, step):
@@ -384,8 +394,7 @@ class Trainer:
                 while self.step < until:
                     loss, n_tokens = self.train_step()
                     lr = self.scheduler.get_last_lr()[0]
-                    self.history["train"].append([self.step, loss, lr, self.grad_norm])
-                    self._log_metrics(self._train_record(self.step, loss, lr, self.grad_norm))
+                    self._log_new_steps()
                     smoothed = loss if smoothed is None else 0.9 * smoothed + 0.1 * loss
                     tokens += n_tokens
                     tokens_per_s = tokens / max(time.perf_counter() - started, 1e-9)
@@ -398,6 +407,10 @@ class Trainer:
                     if self.step % self.config.eval_every == 0 or self.step == until:
                         metrics = self.evaluate()
                         self._log_metrics(self._eval_record(self.history["eval"][-1]))
+                        if not math.isfinite(metrics["val_loss"]):  # finite weights, but not a usable model
+                            raise TrainingDiverged(
+                                f"training diverged at step {self.step}: the evaluation loss is "
+                                f"{metrics['val_loss']:g}", step=self.step, loss=metrics["val_loss"])
                         clock()
                         self.save_checkpoint()
                         self._write(f"step {self.step:>{len(str(until))}}/{until} | train loss {smoothed:.4f} | "
@@ -406,6 +419,7 @@ class Trainer:
         except TrainingDiverged as e:
             clock()
             self._close_bar()
+            self._log_new_steps()
             self._log_metrics({"type": "diverged", "step": e.step, "loss": json_number(e.loss),
                                "grad_norm": json_number(e.grad_norm)})
             self.write_metrics("diverged")
@@ -417,6 +431,7 @@ class Trainer:
         except (KeyboardInterrupt, BrokenPipeError) as e:
             clock()
             self._close_bar()
+            self._log_new_steps()  # a step that completed just before the interrupt
             path = self.save_checkpoint()
             how = ("terminated (SIGTERM)" if isinstance(e, Terminated)
                    else "output closed" if isinstance(e, BrokenPipeError) else "interrupted")
