@@ -283,6 +283,7 @@ def _setup(make_trainer):
 
 def _run(trainer, args):
     from .train.trainer import TrainingDiverged
+    args.trainer = trainer  # for main's message if the output closes
     for line in _describe(trainer):
         _say(line)
     if trainer.step:
@@ -448,6 +449,10 @@ def main(argv=None, prog="tinygrad-attn"):
         return EXIT_SIGINT
     except BrokenPipeError:
         _silence_stdout()
-        if args.command in ("train", "resume"):
-            print(f"{name}: output closed; the checkpoint is saved", file=sys.stderr)
+        trainer = getattr(args, "trainer", None)
+        if trainer is not None and trainer.saved_step is not None:
+            print(f"{name}: output closed; saved step {trainer.saved_step} to {trainer.checkpoint_path}",
+                  file=sys.stderr)
+        elif trainer is not None:
+            print(f"{name}: output closed before the first checkpoint", file=sys.stderr)
         return EXIT_BROKEN_PIPE

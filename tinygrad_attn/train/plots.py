@@ -18,10 +18,20 @@ def _pyplot():
 
 
 def loss_curve(history, path, title=None):
+    """Save `loss_figure(history, title)` to `path`; returns the path."""
+    plt = _pyplot()
+    fig = loss_figure(history, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def loss_figure(history, title=None):
     """Three panels sharing the step axis: the training loss per step (raw
     and smoothed) and the evaluation loss, with the exact-match accuracy on
     a second axis when the history has it; the learning rate; and the
-    global gradient norm before clipping (when the history has it)."""
+    global gradient norm before clipping (when the history has it).
+    history: a Trainer's ({"train": [[step, loss, lr, grad_norm], ...], "eval": [...]})."""
     plt = _pyplot()
     rows = np.array([[np.nan if v is None else v for v in row[:4]] + [np.nan] * (4 - len(row))
                      for row in history["train"]], dtype=np.float64).reshape(-1, 4)
@@ -70,9 +80,7 @@ def loss_curve(history, path, title=None):
     ax_norm.grid(alpha=0.3)
     fig.align_ylabels([ax, ax_lr, ax_norm])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _ema(values, beta=0.9):
@@ -88,25 +96,32 @@ def attention_heatmaps(maps, directory):
     """One PNG per attention layer (a panel per head) in `directory`.
 
     maps: [(layer name, weights (heads, L, S), key tokens, query tokens, title)].
-    Short token labels (one or two characters, as charlm's) are drawn
-    larger and upright. Returns the paths written.
+    Returns the paths written.
     """
     os.makedirs(directory, exist_ok=True)
     plt = _pyplot()
     paths = []
     for name, weights, keys, queries, title in maps:
         path = os.path.join(directory, f"{name}.png")
-        fig = viz.attention_heatmap(weights, keys, None, query_tokens=queries, title=title)
-        if max(len(str(t)) for t in list(keys) + list(queries)) <= 2:
-            width, height = fig.get_size_inches()
-            fig.set_size_inches(width * 1.3, height * 1.3)
-            for ax in fig.axes:
-                if ax.get_label() == "<colorbar>":
-                    continue
-                ax.tick_params(axis="x", labelrotation=0, labelsize=11)
-                ax.tick_params(axis="y", labelsize=11)
-            fig.tight_layout()
+        fig = heatmap_figure(weights, keys, queries, title)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def heatmap_figure(weights, keys, queries, title=None):
+    """`viz.attention_heatmap`'s figure; short token labels (one or two
+    characters, as charlm's) are drawn larger and upright."""
+    _pyplot()
+    fig = viz.attention_heatmap(weights, keys, None, query_tokens=queries, title=title)
+    if max(len(str(t)) for t in list(keys) + list(queries)) <= 2:
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width * 1.3, height * 1.3)
+        for ax in fig.axes:
+            if ax.get_label() == "<colorbar>":
+                continue
+            ax.tick_params(axis="x", labelrotation=0, labelsize=11)
+            ax.tick_params(axis="y", labelsize=11)
+        fig.tight_layout()
+    return fig

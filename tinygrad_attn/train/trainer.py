@@ -220,7 +220,8 @@ class Trainer:
     (otherwise it raises RunExistsError before training).
     Building a Trainer seeds the framework's generator with config.seed,
     then initialises the model from it.
-    Attributes: model, optimizer, scheduler, job, step, history
+    Attributes: model, optimizer, scheduler, job, step, saved_step (of the
+    last checkpoint written or loaded, None before the first), history
     ({"train": [[step, loss, lr, grad_norm], ...], "eval": [{"step": s, metric: value}, ...]};
     grad_norm is the global gradient norm before clipping, None in the
     history of checkpoints older than that column).
@@ -244,7 +245,7 @@ class Trainer:
         self._rng_state = get_generator().bit_generator.state  # as of the last completed step
         self._bar = None
         self._resumed_from = None  # the directory of the checkpoint this trainer was loaded from
-        self._saved_step = None    # the step of the last checkpoint written (or loaded)
+        self.saved_step = None     # the step of the last checkpoint written (or loaded)
         self._output_ready = False
         self._rows_logged = 0      # history["train"] rows already in metrics.jsonl
 
@@ -423,8 +424,8 @@ class Trainer:
             self._log_metrics({"type": "diverged", "step": e.step, "loss": json_number(e.loss),
                                "grad_norm": json_number(e.grad_norm)})
             self.write_metrics("diverged")
-            kept = (f"the checkpoint of step {self._saved_step} ({self.checkpoint_path}) is kept"
-                    if self._saved_step is not None and os.path.exists(self.checkpoint_path)
+            kept = (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}) is kept"
+                    if self.saved_step is not None and os.path.exists(self.checkpoint_path)
                     else "no checkpoint was saved")
             e.args = (f"{e.args[0]}; {kept}. Try a smaller --lr (or --grad-clip)",)
             raise
@@ -485,7 +486,7 @@ class Trainer:
         }
         save(arrays, path, metadata=metadata)
         if path == self.checkpoint_path:
-            self._saved_step = self.step
+            self.saved_step = self.step
         return path
 
     @classmethod
@@ -535,7 +536,7 @@ class Trainer:
                            "eval": json.loads(metadata["history_eval"])}
         trainer._rng_state = json.loads(metadata["rng_state"])
         get_generator().bit_generator.state = trainer._rng_state
-        trainer._resumed_from, trainer._saved_step = run_dir, step
+        trainer._resumed_from, trainer.saved_step = run_dir, step
         return trainer
 
     # ------------------------------------------------------------ the report
