@@ -151,7 +151,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def forward(self, src, tgt_in):
         """Logits (B, T, vocab_size) for source ids (B, S) and decoder input ids (B, T)."""
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], device=tgt_in.device)
+        T = tgt_in.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).triu(1)  # True: may not attend
         x = self.transformer(self._embed(self.src_embed, src), self._embed(self.tgt_embed, tgt_in),
                              tgt_mask=causal, tgt_is_causal=True, src_key_padding_mask=src == PAD,
                              tgt_key_padding_mask=tgt_in == PAD, memory_key_padding_mask=src == PAD)

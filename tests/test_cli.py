@@ -417,7 +417,7 @@ def test_sigterm_saves_a_checkpoint_metrics_and_plots_and_exits_143(tmp_path):
 
 def test_closing_the_output_pipe_saves_and_exits_without_a_traceback(tmp_path):
     out = tmp_path / "run"
-    process = _cli(["train", "--steps", "100000", "--eval-every", "1", "--out", str(out), "--no-plots"] + COPY,
+    process = _cli(["train", "--steps", "300", "--eval-every", "1", "--out", str(out), "--no-plots"] + COPY,
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         first = process.stdout.readline()
