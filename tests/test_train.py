@@ -463,3 +463,20 @@ def test_charlm_heatmaps_have_few_upright_single_glyph_labels(tmp_path):
         labels = ax.get_xticklabels()
         assert [t.get_text() for t in labels] == keys
         assert all(t.get_rotation() == 0 and t.get_fontsize() >= 10 for t in labels)
+
+
+def test_docs_describe_every_field_of_the_metrics_files(tmp_path):
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    trainer = quiet(tiny(tmp_path, steps=3, eval_every=1))
+    trainer.fit()
+    trainer.report(plots=False)
+    names = set()
+    for line in open(tmp_path / "run" / "metrics.jsonl"):
+        record = json.loads(line)
+        names |= set(record) | {record["type"]}
+    summary = json.load(open(tmp_path / "run" / "metrics.json"))
+    names |= set(summary) | set(summary["history"]) | {summary["status"]}
+    names |= {"interrupted", "diverged", "by"}  # the records of a stopped run
+    missing = sorted(n for n in names if f"`{n}`" not in docs and f'"{n}"' not in docs)
+    assert missing == []

@@ -168,7 +168,7 @@ def build_parser(prog="tinygrad-attn"):
 
     train = commands.add_parser(
         "train", help="train a model on a built-in task (default: the copy task, ~30 s on 2 cores)",
-        description="Train a Transformer on a built-in task and write a checkpoint, a loss curve "
+        description="Train a Transformer on a built-in task and write a checkpoint, metrics, a loss curve "
                     "and attention heatmaps to --out. Some defaults depend on the task: "
                     "'default: 2; charlm: 4' means 2 for copy, reverse and sort, and 4 for "
                     "charlm. An --out that already holds a run is refused unless --overwrite. "
