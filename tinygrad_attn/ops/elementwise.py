@@ -9,10 +9,7 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import broadcast_shapes
 from . import kernels
-from ._layout import float_dtype, items_per_range
-
-# ns per element on one core (see _layout.RANGE_NS): two exps and a division
-_GELU_RANGE = items_per_range(2.0)
+from .array_views import float_dtype
 
 
 def _check_broadcast(op, a, b):
@@ -244,7 +241,7 @@ class Gelu(Function):
         flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty_like(flat)
         ctx.tanh = approximate == "tanh"
-        kernels.parallel_for(kernels.gelu_forward, flat.size, flat, ctx.tanh, out, min_items=_GELU_RANGE)
+        kernels.gelu_forward(flat, ctx.tanh, out)
         ctx.save_for_backward(flat)
         return out.reshape(x.shape)
 
@@ -253,7 +250,7 @@ class Gelu(Function):
         flat, = ctx.saved_tensors
         g = np.ascontiguousarray(grad, dtype=flat.dtype).reshape(-1)
         dx = np.empty_like(flat)
-        kernels.parallel_for(kernels.gelu_backward, flat.size, flat, g, ctx.tanh, dx, min_items=_GELU_RANGE)
+        kernels.gelu_backward(flat, g, ctx.tanh, dx)
         return dx.reshape(grad.shape)
 
 
