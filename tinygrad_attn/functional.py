@@ -9,14 +9,15 @@ those to see the math, and the tests check the fused ones against them.
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention
+from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
+                            check_mask_dtype)
 from .ops.dropout import Dropout
 from .ops.loss import CrossEntropy
 from .ops.matmul import Linear
 from .ops.norm import LayerNorm
 from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError
-from .tensor import Tensor
+from .tensor import Tensor, _promote
 
 
 def relu(x):
@@ -36,8 +37,15 @@ def tanh(x):
 
 
 def linear(x, weight, bias=None):
-    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
-    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
+    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch.
+
+    An integer input meets a float weight as in the arithmetic operators: it
+    takes the weight's dtype (PyTorch raises; numpy would give float64)."""
+    x, weight = _promote(x, weight)
+    if bias is None:
+        return Linear.apply(x, weight)
+    bias, weight = _promote(bias, weight)
+    return Linear.apply(x, weight, bias)
 
 
 def embedding(indices, weight):
@@ -101,6 +109,12 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
                               label_smoothing=label_smoothing, reduction=reduction)
 
 
+def _mask_tensor(attn_mask, op):
+    """attn_mask as a Tensor, its dtype checked first (Tensor() would turn int32 into int64)."""
+    check_mask_dtype(attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask), op)
+    return attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask))
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, need_weights=False):
     """softmax(Q K^T * scale + mask) V, batched over all leading axes, in one fused kernel.
@@ -119,14 +133,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     inputs = (query, key, value)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
                                                         dropout_p=dropout_p)
     if not need_weights:
         return out
     weights = ctx.weights
-    if is_grad_enabled() and any(t.requires_grad for t in inputs if t is not value):
-        qk_mask = (query, key) + inputs[3:]
+    # The weights depend on query, key and the mask, not on value. (Select by
+    # position, not by `t is not value`: in self-attention the same tensor is
+    # all three, and the weights would silently lose their gradient.)
+    qk_mask = (query, key) + inputs[3:]
+    if is_grad_enabled() and any(t.requires_grad for t in qk_mask):
         return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
                                            value_batch=value.shape[:-2])
     return out, Tensor(weights)
@@ -151,7 +168,7 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     """
     inputs = (qkv,)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
     return (out, Tensor(ctx.weights)) if need_weights else out

@@ -32,7 +32,7 @@ def check_matmul_shapes(a_shape, b_shape):
 
 def _flat_rows(x):
     """(..., k) as a (rows, k) matrix (a view when x is contiguous)."""
-    return x.reshape(-1, x.shape[-1])
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: k may be 0
 
 
 def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype):
@@ -68,7 +68,7 @@ class MatMul(Function):
         if a.ndim >= 3 and b.ndim == 2:
             ctx.kind = "rows"  # one product (rows, k) @ (k, m)
             return (_flat_rows(a) @ b).reshape(a.shape[:-1] + (b.shape[1],))
-        if a.ndim >= 2 and b.ndim >= 2 and max(a.ndim, b.ndim) >= 3:
+        if a.ndim >= 2 and b.ndim >= 2 and max(a.ndim, b.ndim) >= 3 and np.result_type(a, b).kind == "f":
             ctx.kind = "stacks"
             ctx.batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
             ctx.dtype = np.result_type(a, b)

@@ -5,6 +5,9 @@ Per row, with l = logsumexp(x) = m + log s, m = max_c x_c, s = sum_c exp(x_c - m
 (so log p_c = x_c - l) and smoothing e:
 
     loss = (1 - e) * (l - x_t) + e * (l - mean_c x_c)       (0 if t == ignore_index)
+
+(a term whose weight is 0 is skipped, so a -inf logit, a masked class, gives
+a finite loss without smoothing and +inf with it, as in PyTorch)
     dloss/dx_c = p_c - (1 - e) * [c == t] - e / C,   p_c = exp(x_c - m - log s)
 
 m and log s are kept apart (forward saves both for backward): with logits
@@ -22,7 +25,7 @@ from .reductions import KERNEL_FASTMATH, row_sums
 def cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max_out, log_sum, start, stop):
     """Fill loss, and the row max m and log s for backward, for rows [start, stop)."""
     rows, classes = logits.shape
-    one = logits.dtype.type(1)
+    one, zero = logits.dtype.type(1), logits.dtype.type(0)
     inv_classes = logits.dtype.type(1.0 / classes)  # a float32 kernel stays float32
     for r in range(start, stop):
         xr = logits[r]
@@ -34,8 +37,14 @@ def cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max
         if t == ignore_index:
             loss[r] = 0
         else:  # l - x = log s - (x - m)
-            nll = log_s - (xr[t] - m)
-            loss[r] = (one - smoothing) * nll + smoothing * (log_s - (total * inv_classes - m))
+            # A term of weight 0 adds 0, even when it is infinite: a -inf logit (a masked
+            # class) makes the mean of the logits -inf, and 0 * inf would be NaN.
+            value = zero
+            if smoothing != one:
+                value += (one - smoothing) * (log_s - (xr[t] - m))
+            if smoothing != zero:
+                value += smoothing * (log_s - (total * inv_classes - m))
+            loss[r] = value
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
