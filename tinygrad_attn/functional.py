@@ -60,12 +60,15 @@ def embedding(indices, weight):
 
 
 def softmax(x, dim=-1):
-    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits)."""
+    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits).
+
+    A -inf entry gets 0; a row of only -inf has no softmax and gives NaN, as in PyTorch."""
     return Softmax.apply(x, axis=dim)
 
 
 def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel)."""
+    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel); -inf stays -inf, and a
+    row of only -inf gives NaN, as in PyTorch."""
     return LogSoftmax.apply(x, axis=dim)
 
 
@@ -103,6 +106,9 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
     to `ignore_index` contribute nothing; "mean" divides by the number of the
     others (NaN if there are none, as PyTorch). With label smoothing e the
     loss per element is (1 - e) * (-log p_target) + e * mean_c(-log p_c).
+    A -inf logit (a masked class) has p = 0: the loss stays finite unless it
+    is the target or smoothing gives it weight (then +inf, as PyTorch), and
+    the gradient is finite either way.
     """
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
