@@ -60,7 +60,7 @@ def _to_array(data, dtype):
         if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
             dtype = float32  # Python floats default to float32
     if not isinstance(data, np.ndarray) and (arr.dtype.kind in "Ou" or (
-            arr.dtype.kind == "f" and arr.size and np.nanmax(np.abs(arr)) >= 2.0 ** 63)):
+            arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any())):
         _check_python_ints(data)  # numpy turns ints beyond int64 into objects, uint64 or floats
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "

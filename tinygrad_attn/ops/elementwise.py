@@ -213,7 +213,8 @@ class Sigmoid(Function):
         e = np.exp(-np.abs(x))
         inv = 1 / (1 + e)
         z = np.where(x >= 0, inv, e * inv)
-        ctx.save_for_backward(e * inv * inv)  # the derivative, ready for backward
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(e * inv * inv)  # the derivative, ready for backward
         return z
 
     @staticmethod
