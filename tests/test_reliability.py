@@ -310,6 +310,8 @@ def test_integers_within_int64_still_convert():
     assert tg.tensor([-2 ** 63]).item() == -2 ** 63
     assert tg.tensor([1e19, 1.0]).dtype == np.float32  # large floats are floats
     assert tg.tensor(np.array([2 ** 63], np.uint64), dtype="float64").item() == 2.0 ** 63
+    assert tg.tensor([2 ** 63, 1], dtype="float64").tolist() == [2.0 ** 63, 1.0]  # asked for as floats
+    assert tg.tensor(2 ** 70, dtype="float32").item() == np.float32(2.0 ** 70)
 
 
 # ---------------------------------------------------------- 9. hooks changing size

@@ -77,8 +77,7 @@ def save(state_dict, path, metadata=None):
     tmp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
-            if fcntl is not None:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # "a save is writing this" (see below)
+            _lock_while_writing(f)
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
@@ -104,6 +103,15 @@ def save(state_dict, path, metadata=None):
 # `.NAME.<random>.tmp` (no pid) is the name earlier versions used; those are
 # removed on the lock test alone. Without POSIX (Windows) nothing is removed:
 # os.kill there would not test, it would signal.
+
+def _lock_while_writing(f):
+    """Hold an exclusive flock on our temp file: "a save is writing this"."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except OSError:  # a filesystem without locks: the pid test alone protects the file
+            pass
+
 
 def _temp_file_pattern(name):
     return re.compile(re.escape(f".{name}.") + r"(?:(\d+)-)?[0-9a-f]{8}\.tmp\Z")

@@ -44,7 +44,8 @@ def normalize_axes(axis, ndim, op):
     does: x.sum(dim=0) of a scalar is the scalar)."""
     if axis is None:
         return tuple(range(ndim))
-    axes = tuple(axis) if isinstance(axis, (tuple, list, range, np.ndarray)) else (axis,)  # else one, checked
+    # a sequence of axes, or else one axis (normalize_axis checks it is an int)
+    axes = tuple(axis) if isinstance(axis, (tuple, list, range, np.ndarray)) else (axis,)
     out = tuple(sorted(normalize_axis(a, ndim, op) for a in axes))
     if len(set(out)) != len(out):
         raise ValueError(f"{op}: axis {axis!r} repeats an axis")

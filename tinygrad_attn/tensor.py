@@ -57,11 +57,14 @@ def _to_array(data, dtype):
             arr = np.asarray(data)
         except ValueError as e:
             raise ValueError(f"Tensor: cannot make a tensor from this data: {e}") from None
+        # numpy holds Python ints beyond int64 as objects, uint64 or (mixed with others) floats
+        if dtype is not None and dtype.kind == "f":
+            if arr.dtype.kind == "O":
+                arr = _as_float64(data, arr)
+        elif arr.dtype.kind in "Ou" or (arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any()):
+            _check_python_ints(data)
         if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
             dtype = float32  # Python floats default to float32
-    if not isinstance(data, np.ndarray) and (arr.dtype.kind in "Ou" or (
-            arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any())):
-        _check_python_ints(data)  # numpy turns ints beyond int64 into objects, uint64 or floats
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "
                         "(tensors hold floats, integers or booleans)")
@@ -73,6 +76,14 @@ def _to_array(data, dtype):
 
 
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def _as_float64(data, arr):
+    """Huge Python ints asked for as floats: convert them (anything else stays an object array)."""
+    try:
+        return np.asarray(data, dtype=float64)
+    except (TypeError, ValueError):
+        return arr
 
 
 def _check_python_ints(data):

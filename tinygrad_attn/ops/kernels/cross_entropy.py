@@ -5,10 +5,11 @@ Per row, with l = logsumexp(x) = m + log s, m = max_c x_c, s = sum_c exp(x_c - m
 (so log p_c = x_c - l) and smoothing e:
 
     loss = (1 - e) * (l - x_t) + e * (l - mean_c x_c)       (0 if t == ignore_index)
-
-(a term whose weight is 0 is skipped, so a -inf logit, a masked class, gives
-a finite loss without smoothing and +inf with it, as in PyTorch)
     dloss/dx_c = p_c - (1 - e) * [c == t] - e / C,   p_c = exp(x_c - m - log s)
+
+A term whose weight is 0 is skipped: a -inf logit (a masked class) has
+p_c = 0 and gives a finite loss without smoothing, +inf with it (as in
+PyTorch), never 0 * inf = NaN.
 
 m and log s are kept apart (forward saves both for backward): with logits
 of 1e4 in float32, m + log s would round log s away. Kernels work on rows
