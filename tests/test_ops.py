@@ -365,6 +365,10 @@ def _np_var(a, axis=None, keepdims=False):
         np.full(np.var(a, axis=axis, keepdims=keepdims).shape, np.nan)
 
 
+def _np_std(a, axis=None, keepdims=False):
+    return np.sqrt(_np_var(a, axis=axis, keepdims=keepdims))
+
+
 def _np_logsumexp(a, axis=None, keepdims=False):
     from scipy.special import logsumexp
     return logsumexp(a, axis=axis, keepdims=keepdims)
@@ -398,6 +402,7 @@ CASES = {
     "Max": [reduction("max", np.max)],
     "Min": [reduction("min", np.min)],
     "Var": [reduction("var", _np_var, min_side=2)],
+    "Std": [reduction("std", _np_std, min_side=2)],
     "LogSumExp": [reduction("logsumexp", _np_logsumexp)],
     "Reshape": [reshape_case()],
     "Permute": [permute_case()],

@@ -228,6 +228,17 @@ def _owned_copy(g, dtype, shared):
     return np.array(g, dtype=dtype, copy=True)
 
 
+def _hook_gradient(hook, grad, new):
+    """A hook's result replaces the gradient, so, as in PyTorch, it must keep
+    the gradient's shape (the tensor's): anything else would be stored as a
+    wrong-shaped .grad or fail later inside some op's backward."""
+    if new.shape != grad.shape:
+        name = getattr(hook, "__qualname__", None) or repr(hook)
+        raise RuntimeError(f"hook {name!r} has changed the size of the gradient: it returned shape "
+                           f"{new.shape} for a tensor of shape {grad.shape}")
+    return new
+
+
 def run_backward(roots, root_grads, retain_graph=False, capture=None):
     """Backpropagate `root_grads` from `roots` through the recorded graph.
 
@@ -253,7 +264,8 @@ def run_backward(roots, root_grads, retain_graph=False, capture=None):
         for hook in node._hooks or ():
             new = hook(Tensor._make(g, False, None))
             if new is not None:
-                g = new.data if isinstance(new, Tensor) else np.asarray(new, dtype=g.dtype)
+                new = new.data if isinstance(new, Tensor) else np.asarray(new, dtype=g.dtype)
+                g = _hook_gradient(hook, g, new)
                 shared.add(id(g))
         if captured is not None:
             if id(node) in captured:

@@ -26,6 +26,15 @@ from .dropout import draw_key, keep_rule
 from .matmul import stack_product
 
 
+def check_mask_dtype(mask, op, name="attn_mask"):
+    """The one rule for attention masks, shared with MultiHeadAttention: boolean
+    (True = may attend) or floating point (added to the scores). An integer
+    mask is ambiguous (0/1 flags or additive?), so it is refused, as PyTorch does."""
+    if mask.dtype != np.bool_ and mask.dtype.kind != "f":
+        raise TypeError(f"{op}: {name} must be boolean or floating point, got {mask.dtype} "
+                        "(convert 0/1 flags with mask.astype(bool))")
+
+
 class _Plan:
     """Shapes, dtype and the BLAS view of Q, K, V (no copies) for one attention call."""
 
@@ -43,6 +52,7 @@ class _Plan:
         self.Ev = 0 if v is None else v.shape[-1]
         mask_batch = () if mask is None else mask.shape[:-2]
         if mask is not None:
+            check_mask_dtype(mask, op)
             broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
         self.batch = broadcast_shapes(f"{op} (batch dimensions)", *(a.shape[:-2] for a in operands),
                                       mask_batch, value_batch)
@@ -58,7 +68,8 @@ class _Plan:
                 additive = np.where(full, self.dtype.type(0), self.dtype.type(-np.inf))
             else:
                 additive = full.astype(self.dtype)
-            self.mask = np.ascontiguousarray(additive).reshape(-1, self.L, self.S)
+            # (not reshape(-1, L, S): L may be 0)
+            self.mask = np.ascontiguousarray(additive).reshape(math.prod(mask_batch), self.L, self.S)
             self.im = batch_index(mask_batch, self.batch)
 
     def scale(self, scale):

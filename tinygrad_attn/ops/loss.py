@@ -43,6 +43,11 @@ class CrossEntropy(Function):
             raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+        if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
+            raise TypeError(f"cross_entropy: ignore_index must be an integer, got {ignore_index!r}")
+        if not -2 ** 63 <= ignore_index < 2 ** 63:
+            raise ValueError(f"cross_entropy: ignore_index {ignore_index} is outside the int64 range of "
+                             "class indices")
         t = np.asarray(target)
         if t.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")

@@ -32,7 +32,7 @@ def check_matmul_shapes(a_shape, b_shape):
 
 def _flat_rows(x):
     """(..., k) as a (rows, k) matrix (a view when x is contiguous)."""
-    return x.reshape(-1, x.shape[-1])
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: k may be 0
 
 
 def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype, bias=None):

@@ -7,6 +7,10 @@ Per row, with l = logsumexp(x) = m + log s, m = max_c x_c, s = sum_c exp(x_c - m
     loss = (1 - e) * (l - x_t) + e * (l - mean_c x_c)       (0 if t == ignore_index)
     dloss/dx_c = p_c - (1 - e) * [c == t] - e / C,   p_c = exp(x_c - m - log s)
 
+A term whose weight is 0 is skipped: a -inf logit (a masked class) has
+p_c = 0 and gives a finite loss without smoothing, +inf with it (as in
+PyTorch), never 0 * inf = NaN.
+
 m and log s are kept apart (forward saves both for backward): with logits
 of 1e4 in float32, m + log s would round log s away. The loops work on
 rows [start, stop); the functions at the end run them over all rows.
@@ -42,7 +46,7 @@ def row_sums(row):
 def _cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max_out, log_sum, start, stop):
     """Fill loss, and the row max m and log s for backward, for rows [start, stop)."""
     rows, classes = logits.shape
-    one = logits.dtype.type(1)
+    one, zero = logits.dtype.type(1), logits.dtype.type(0)
     inv_classes = logits.dtype.type(1.0 / classes)  # a float32 kernel stays float32
     for r in range(start, stop):
         xr = logits[r]
@@ -54,8 +58,14 @@ def _cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_ma
         if t == ignore_index:
             loss[r] = 0
         else:  # l - x = log s - (x - m)
-            nll = log_s - (xr[t] - m)
-            loss[r] = (one - smoothing) * nll + smoothing * (log_s - (total * inv_classes - m))
+            # A term of weight 0 adds 0, even when it is infinite: a -inf logit (a masked
+            # class) makes the mean of the logits -inf, and 0 * inf would be NaN.
+            value = zero
+            if smoothing != one:
+                value += (one - smoothing) * (log_s - (xr[t] - m))
+            if smoothing != zero:
+                value += smoothing * (log_s - (total * inv_classes - m))
+            loss[r] = value
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)

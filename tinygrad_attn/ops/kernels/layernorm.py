@@ -9,6 +9,9 @@ recomputes xhat on the fly. With gw = g * w,
     dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
     dw = sum over rows of g * xhat,   db = sum over rows of g
 
+A row whose variance overflows (|x| near the float's maximum) gives NaN,
+as in PyTorch, not the bias (which 1/sqrt(inf) = 0 would give).
+
 Each row is one cache-resident pass. The kernels may reorder their sums
 (fast-math 'reassoc', see fastmath.py): nothing here cancels
 catastrophically. Backward works on fixed blocks of
@@ -41,6 +44,8 @@ def _layer_norm_forward(x, weight, bias, eps, out, mean, rstd, start, stop):
             d = xr[j] - mu
             var += d * d
         rs = x.dtype.type(1) / np.sqrt(var * inv_n + eps)
+        if var == x.dtype.type(np.inf):  # the variance overflowed: rs = 0 would output the bias
+            rs = x.dtype.type(np.nan)
         mean[r] = mu
         rstd[r] = rs
         yr = out[r]
