@@ -1,5 +1,5 @@
 """What importing tinygrad_attn does (nothing but Numba's cache setting), and
-compiling a training step's kernels ahead of time (ops/kernels/warmup.py)."""
+compiling a training step's kernels ahead of time (warmup.py)."""
 import os
 import subprocess
 import sys
@@ -14,7 +14,8 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import nn
 from tinygrad_attn.ops import kernels
-from tinygrad_attn.ops.kernels import threads, warmup
+from tinygrad_attn import warmup
+from tinygrad_attn.ops.kernels import threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -195,7 +196,7 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
     env = {"NUMBA_CACHE_DIR": str(tmp_path)}
     out = _run("""
         import numpy as np
-        from tinygrad_attn.ops.kernels import warmup
+        from tinygrad_attn import warmup
         print(warmup.is_warm())
         warmup.compile_kernels((np.float32,), helper=True)
         print(warmup.is_warm())
@@ -204,7 +205,7 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
     hits, misses = _run("""
         import numpy as np
         import tinygrad_attn as tg
-        from tinygrad_attn.ops.kernels import warmup
+        from tinygrad_attn import warmup
         warmup.training_steps(np.float32)
         print(sum(sum(k.stats.cache_hits.values()) for k in tg.ops.kernels.KERNELS),
               sum(sum(k.stats.cache_misses.values()) for k in tg.ops.kernels.KERNELS))

@@ -11,10 +11,10 @@ import numpy as np
 from .autograd import is_grad_enabled
 from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
                             check_mask_dtype)
-from .ops.dropout import Dropout
+from .ops.dropout import DropoutOp
 from .ops.loss import CrossEntropy
-from .ops.matmul import Linear
-from .ops.norm import LayerNorm
+from .ops.matmul import LinearOp
+from .ops.norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError
 from .tensor import Tensor, _promote
@@ -43,9 +43,9 @@ def linear(x, weight, bias=None):
     takes the weight's dtype (PyTorch raises; numpy would give float64)."""
     x, weight = _promote(x, weight)
     if bias is None:
-        return Linear.apply(x, weight)
+        return LinearOp.apply(x, weight)
     bias, weight = _promote(bias, weight)
-    return Linear.apply(x, weight, bias)
+    return LinearOp.apply(x, weight, bias)
 
 
 def embedding(indices, weight):
@@ -83,7 +83,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     dtype = x.dtype if x.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
-    return LayerNorm.apply(x, weight, bias, normalized_ndim=k, eps=eps)
+    return LayerNormOp.apply(x, weight, bias, normalized_ndim=k, eps=eps)
 
 
 def dropout(x, p=0.5, training=True):
@@ -95,7 +95,7 @@ def dropout(x, p=0.5, training=True):
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0:
         return x
-    return Dropout.apply(x, p=p)
+    return DropoutOp.apply(x, p=p)
 
 
 def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):

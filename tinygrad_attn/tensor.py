@@ -5,11 +5,13 @@ op in `tinygrad_attn/ops/`, where forward and backward live side by side.
 """
 import numpy as np
 
+from . import autograd
 from .autograd import run_backward, _root_grad
 from .ops import elementwise as E
 from .ops import movement as M
 from .ops import reduce as R
 from .ops.matmul import MatMul
+from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError, normalize_axes, normalize_axis, normalize_new_axis
 
 float32 = np.dtype(np.float32)
@@ -377,6 +379,10 @@ class Tensor:
         return E.Neg.apply(self)
 
     def __getitem__(self, index):
+        if isinstance(index, Tensor):  # tensors in an index are plain arrays to the op
+            index = index.data
+        elif isinstance(index, tuple) and any(isinstance(i, Tensor) for i in index):
+            index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
         return M.GetItem.apply(self, index=index)
 
     add, sub, mul, div, pow, matmul, neg = __add__, __sub__, __mul__, __truediv__, __pow__, __matmul__, __neg__
@@ -456,12 +462,10 @@ class Tensor:
         return E.MaskedFill.apply(self, mask, value=value)
 
     def softmax(self, dim=-1):
-        from . import functional
-        return functional.softmax(self, dim)
+        return Softmax.apply(self, axis=dim)
 
     def log_softmax(self, dim=-1):
-        from . import functional
-        return functional.log_softmax(self, dim)
+        return LogSoftmax.apply(self, axis=dim)
 
     # ------------------------------------------------------------ reductions
     def sum(self, axis=None, keepdims=False, **torch_names):
@@ -729,3 +733,6 @@ def randint(low, high, size, dtype=int64):
     if low >= high:
         raise ValueError(f"randint: low must be less than high, got low={low}, high={high}")
     return Tensor(get_generator().integers(low, high, size=_check_size(size, "randint")), dtype=dtype)
+
+
+autograd.register_tensor_type(Tensor, Tensor._make, as_tensor_like)  # the engine's graph nodes are Tensors

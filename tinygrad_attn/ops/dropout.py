@@ -39,7 +39,7 @@ def apply_mask(x, key, threshold, scale):
     return out.reshape(x.shape)
 
 
-class Dropout(Function):
+class DropoutOp(Function):
     """y = x * m / (1 - p), m_i = 0 with probability p, else 1 (the same m in backward).
 
     dL/dx = g * m / (1 - p)

@@ -1,9 +1,9 @@
-"""Matrix multiplication with numpy's batch broadcasting, and `Linear` (x W^T + b).
+"""Matrix multiplication with numpy's batch broadcasting, and `LinearOp` (x W^T + b).
 
 Every product of two matrices or more goes to the `batched_matmul` kernel,
-which shares the work out over our threads and calls BLAS on each piece,
-reading permuted, transposed (K^T) and broadcast operands where they are
-instead of copying them. A stack times a single matrix is one big product:
+which cuts the work into pieces and calls BLAS on each, reading
+permuted, transposed (K^T) and broadcast operands where they are instead
+of copying them. A stack times a single matrix is one big product:
 (..., n, k) @ (k, m) is computed as (rows, k) @ (k, m). Only products with
 a 1-D operand (vectors, cheap) are left to numpy.
 """
@@ -110,7 +110,7 @@ class MatMul(Function):
         return ga, gb
 
 
-class Linear(Function):
+class LinearOp(Function):
     """y = x W^T + b, with x: (..., in), W: (out, in) as in torch.nn.Linear, b: (out,).
 
     dL/dx = g W,   dL/dW = g^T x,   dL/db = sum of g      (g = dL/dy; the

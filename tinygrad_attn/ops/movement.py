@@ -115,13 +115,11 @@ def _check_boolean_masks(items, shape):
 
 
 def _normalize_index(index, shape):
-    """Turn Tensors and lists inside an index into numpy arrays and boolean
-    masks into the integer arrays they select, so that forward and backward
-    index the same elements."""
-    from ..tensor import Tensor
+    """Turn lists inside an index into numpy arrays and boolean masks into the
+    integer arrays they select, so that forward and backward index the same
+    elements."""
     items = index if isinstance(index, tuple) else (index,)
-    items = [item.data if isinstance(item, Tensor) else np.asarray(item) if isinstance(item, list) else item
-             for item in items]
+    items = [np.asarray(item) if isinstance(item, list) else item for item in items]
     _check_boolean_masks(items, shape)
     out, advanced = [], False
     for item in items:

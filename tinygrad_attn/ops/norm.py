@@ -17,7 +17,7 @@ from . import kernels
 from .array_views import as_rows, float_dtype
 
 
-class LayerNorm(Function):
+class LayerNormOp(Function):
     """y = (x - mu) / sqrt(var + eps) * w + b over the last `normalized_ndim` axes.
 
     mu and var (biased) are per row; with xhat = (x - mu) * rstd,

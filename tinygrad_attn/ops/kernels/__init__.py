@@ -22,7 +22,7 @@ The runtime:
     blas           gemm on strided matrices, with the BLAS numpy uses
     threads        parallel_for, get_num_threads, set_num_threads: the threading policy
     numba_cache    where Numba caches the compiled kernels
-    warmup         compile a training step's kernels ahead of time
+(tinygrad_attn/warmup.py compiles a training step's kernels ahead of time.)
 
 Importing this package compiles nothing and starts nothing; the one piece
 of global state it sets is Numba's cache directory, when the package

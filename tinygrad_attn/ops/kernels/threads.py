@@ -195,7 +195,7 @@ def dry_run():
     """Inside, `parallel_for` runs nothing: it notes which kernel would run with
     which Numba argument types. Yields a list of (kernel, argument types),
     first calls first, each once; it is filled when the block ends. Outputs
-    stay uninitialised (warmup.py uses this to learn what a step compiles)."""
+    stay uninitialised (tinygrad_attn/warmup.py uses this to learn what a step compiles)."""
     global _dry_run_calls
     _dry_run_calls, calls = {}, []
     try:

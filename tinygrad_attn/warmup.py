@@ -37,7 +37,7 @@ import warnings
 import numba
 import numpy as np
 
-from . import KERNELS, threads
+from .ops.kernels import KERNELS, threads
 
 
 def training_steps(dtype=np.float32):
@@ -85,8 +85,8 @@ def _state_key():
     """Names what a cache full of our kernels depends on: the source code of
     the kernels and of the ops calling them, and the versions."""
     digest = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for path in sorted(glob.glob(os.path.join(here, "*.py")) + glob.glob(os.path.join(here, "..", "*.py"))):
+    ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
+    for path in sorted(glob.glob(os.path.join(ops, "kernels", "*.py")) + glob.glob(os.path.join(ops, "*.py"))):
         with open(path, "rb") as f:
             digest.update(f.read())
     digest.update(f"{numba.__version__} {sys.version} {platform.machine()}".encode())
@@ -123,10 +123,10 @@ def _start_helper(claims, dtypes):
     env = dict(os.environ)
     if numba.config.CACHE_DIR:  # chosen by numba_cache.py or the user: the helper must use the same
         env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     names = [np.dtype(d).name for d in dtypes]
-    code = ("from tinygrad_attn.ops.kernels import warmup; "
+    code = ("from tinygrad_attn import warmup; "
             f"warmup._helper_main({claims!r}, {names!r})")
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
