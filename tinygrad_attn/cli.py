@@ -296,6 +296,8 @@ def _run(trainer, args):
                 trainer.write_plots()
             except (KeyboardInterrupt, BrokenPipeError):
                 pass  # the checkpoint and metrics are written; a second Ctrl-C skips the plots
+            except Exception as e:  # noqa: BLE001 -- the run's own ending matters more than its plots
+                print(f"plots not written: {e}", flush=True)
         raise
     trainer.report(plots=not args.no_plots)
     return 0
