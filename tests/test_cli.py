@@ -403,7 +403,7 @@ def test_sigterm_saves_a_checkpoint_metrics_and_plots_and_exits_143(tmp_path):
     finally:
         process.kill()
     assert process.returncode == 143, stderr
-    assert "Traceback" not in stderr and stderr.strip().splitlines() == ["python -m tinygrad_attn train: terminated"]
+    assert stderr.strip().splitlines() == ["python -m tinygrad_attn train: terminated"]  # no traceback
     assert "terminated (SIGTERM): saved step" in stdout
     step = _step_of(out)
     assert step >= 2

@@ -8,7 +8,7 @@ import pytest
 
 import tinygrad_attn as tg
 from tinygrad_attn.cli import main
-from tinygrad_attn.train import Trainer, load_run, torch_state_dict
+from tinygrad_attn.train import load_run, torch_state_dict
 
 from .test_examples import load
 from .test_train import quiet, tiny
