@@ -434,3 +434,42 @@ def test_closing_the_output_pipe_saves_and_exits_without_a_traceback(tmp_path):
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
     step = _step_of(out)
     assert step >= 1 and f"output closed; saved step {step}" in stderr
+
+
+def test_warmup_compiles_the_kernels_of_a_step_with_a_progress_line(capsys):
+    status, stdout, err = run(["warmup", "--dtype", "float32"], capsys)
+    assert status == 0, err
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith("compiling kernels (float32): 0/")
+    assert lines[-1].endswith(")") and "kernel signatures ready in" in lines[-1]
+    assert len(lines) == len(tg.ops.kernels.KERNELS) + 1  # one line per kernel, then the summary
+
+
+def test_threads_option_sets_the_threads_of_kernels_and_blas(tmp_path, capsys):
+    from tinygrad_attn.ops.kernels.threads import _blas
+    before = [c.get_num_threads() for c in _blas.controllers()]
+    try:
+        status, _, err = run(["train", "--task", "copy", "--vocab", "5", "--seq-len", "3", "--steps", "2",
+                              "--eval-every", "2", "--out", str(tmp_path / "run"), "--no-plots", "--threads", "1"]
+                             + TINY, capsys)
+        assert status == 0, err
+        assert tg.get_num_threads() == 1 and all(c.get_num_threads() == 1 for c in _blas.controllers())
+    finally:
+        tg.set_num_threads(None)
+        for c, n in zip(_blas.controllers(), before):
+            c.set_num_threads(n)
+    assert_user_error(run(["train", "--threads", "0"], capsys), "--threads")
+
+
+def test_the_first_run_compiles_its_kernels_up_front_and_says_so(tmp_path):
+    """With an empty kernel cache, `train` compiles its step's kernels before
+    training (a helper process shares the work) and says so; the next run
+    finds them cached and says nothing."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    argv = [sys.executable, "-m", "tinygrad_attn", "train", "--vocab", "5", "--seq-len", "3", "--steps", "2",
+            "--eval-every", "2", "--no-plots", "--overwrite", "--out", str(tmp_path / "run")] + TINY
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert "compiling kernels, first run only" in first and "kernels in" in first
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert "compiling" not in second and "step 2/2" in second

@@ -159,18 +159,17 @@ def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
     each kernel (all its signatures) goes to exactly one of them."""
     fakes = [_FakeKernel(f"k{i}") for i in range(5)]
     calls = [(k, s) for k in fakes for s in ("f32", "f64")]
-    monkeypatch.setattr(warmup, "kernel_signatures", lambda dtypes: calls)
     for index in (4, 3):  # the helper got these two first
         assert warmup._claim(str(tmp_path), index)
     assert not warmup._claim(str(tmp_path), 4)
     started = []
-    monkeypatch.setattr(warmup, "_start_helper", lambda claims, dtypes: started.append(claims) or _DoneProcess())
-    monkeypatch.setattr(warmup, "is_warm", lambda: False)
+    monkeypatch.setattr(warmup, "_start_helper", lambda claims, calls: started.append(claims) or _DoneProcess())
+    monkeypatch.setattr(warmup, "is_warm", lambda calls: False)
     monkeypatch.setattr(warmup.threads, "_usable_cores", lambda: 2)
     monkeypatch.setattr(warmup.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
-    monkeypatch.setattr(warmup, "_marker", lambda: str(tmp_path.parent / "marker"))
+    monkeypatch.setattr(warmup, "_marker", lambda calls: str(tmp_path.parent / "marker"))
     progress = []
-    warmup.compile_kernels(helper=True, progress=lambda i, n, name: progress.append((i, name)))
+    warmup.compile_kernels(calls, helper=True, progress=lambda i, n, name: progress.append((i, name)))
     assert started == [str(tmp_path)]
     assert [k.compiled for k in fakes] == [["f32", "f64"]] * 3 + [[], []]
     assert progress == [(0, "k0"), (1, "k1"), (2, "k2"), (5, "")]
@@ -181,7 +180,9 @@ def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
     warmup._claim(str(claims), 1)
     for k in fakes:
         k.compiled.clear()
-    warmup._helper_main(str(claims), ["float32"])
+    monkeypatch.setattr(warmup, "KERNELS", tuple(fakes))
+    (claims / "calls.pickle").write_bytes(__import__("pickle").dumps([(i, s) for i in range(5) for s in ("f32", "f64")]))
+    warmup._helper_main(str(claims))
     assert [k.compiled for k in fakes] == [[], []] + [["f32", "f64"]] * 3
 
 
@@ -197,9 +198,10 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
     out = _run("""
         import numpy as np
         from tinygrad_attn import warmup
-        print(warmup.is_warm())
-        warmup.compile_kernels((np.float32,), helper=True)
-        print(warmup.is_warm())
+        calls = warmup.kernel_signatures((np.float32,))
+        print(warmup.is_warm(calls))
+        warmup.compile_kernels(calls, helper=True)
+        print(warmup.is_warm(calls))
         """, **env)
     assert out.split() == ["False", "True"]
     hits, misses = _run("""

@@ -1,4 +1,4 @@
-"""The command line: train, resume, sample, decode, export.
+"""The command line: train, resume, sample, decode, export, warmup.
 
     python -m tinygrad_attn train                      # the copy task, ~30 s
     python -m tinygrad_attn train --task charlm --text input.txt
@@ -6,6 +6,7 @@
     python -m tinygrad_attn sample runs/charlm --prompt "ROMEO:" --length 300
     python -m tinygrad_attn decode runs/reverse --input "3 1 4 1 5"
     python -m tinygrad_attn export runs/charlm --to torch charlm.safetensors
+    python -m tinygrad_attn warmup                     # compile the kernels now (first run only)
 
 (also installed as the `tinygrad-attn` command). Exit status: 0 done; 1 the
 training diverged (the last finite checkpoint is kept); 2 a user error: a
@@ -157,6 +158,13 @@ def _add_display_options(group):
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     group.add_argument("--no-plots", action="store_true",
                        help="do not write the loss curve and attention heatmaps")
+    _add_threads_option(group)
+
+
+def _add_threads_option(group):
+    group.add_argument("--threads", type=_positive_int, metavar="N",
+                       help="compute with N threads, kernels and BLAS (default: every core this "
+                            "process may use)")
 
 
 def build_parser(prog="tinygrad-attn"):
@@ -240,6 +248,17 @@ def build_parser(prog="tinygrad-attn"):
     export.add_argument("output", metavar="OUTPUT", help="the .safetensors file to write")
     export.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     parser.commands["export"] = export
+
+    warm = commands.add_parser(
+        "warmup", help="compile the kernels of a training step now (first run after installing)",
+        description="Compile, in this process, the float32 and float64 Numba kernels that a "
+                    "Transformer training step uses, into Numba's on-disk cache, so that the next "
+                    "runs start at once. `train` does this by itself when it needs to.")
+    warm.add_argument("--dtype", choices=("float32", "float64", "both"), default="both",
+                      help="which kernels (default: both)")
+    parser.commands["warmup"] = warm
+    for name in ("sample", "decode"):
+        _add_threads_option(parser.commands[name])
     return parser
 
 
@@ -281,6 +300,18 @@ def _setup(make_trainer):
     return trainer
 
 
+def _compile_kernels(trainer):
+    """On the first run after installing, compile the kernels of this run's
+    step before training, with a second process sharing the work (warmup.py)."""
+    from . import warmup
+    calls = trainer.kernel_calls()
+    if warmup.is_warm(calls):
+        return
+    _say("compiling kernels, first run only ...")
+    _say(f"compiled {len({kernel for kernel, _ in calls})} kernels in "
+         f"{warmup.compile_kernels(calls, helper=True):.1f} s")
+
+
 def _run(trainer, args):
     from .train.trainer import TrainingDiverged
     args.trainer = trainer  # for main's message if the output closes
@@ -288,6 +319,7 @@ def _run(trainer, args):
         _say(line)
     if trainer.step:
         _say(f"resuming at step {trainer.step}")
+    _compile_kernels(trainer)
     try:
         trainer.fit()  # Ctrl-C / SIGTERM / a closed output: the trainer saves a checkpoint first
     except (KeyboardInterrupt, BrokenPipeError, TrainingDiverged):
@@ -409,8 +441,27 @@ def _cmd_export(args):
     return 0
 
 
+def _cmd_warmup(args):
+    import numpy as np
+
+    from . import warmup
+    dtypes = {"float32": (np.float32,), "float64": (np.float64,), "both": (np.float32, np.float64)}[args.dtype]
+    calls = warmup.kernel_signatures(dtypes)
+    live = sys.stdout.isatty()
+
+    def progress(done, total, name):
+        line = f"compiling kernels ({args.dtype}): {done}/{total} {name}".rstrip()
+        if live:
+            print("\r" + line.ljust(72), end="" if done < total else "\n", flush=True)
+        elif done < total:
+            _say(line)
+    seconds = warmup.compile_kernels(calls, progress=progress)
+    _say(f"{len(calls)} kernel signatures ready in {seconds:.1f} s (cache: {warmup.cache_dir()})")
+    return 0
+
+
 COMMANDS = {"train": _cmd_train, "resume": _cmd_resume, "sample": _cmd_sample, "decode": _cmd_decode,
-            "export": _cmd_export}
+            "export": _cmd_export, "warmup": _cmd_warmup}
 
 
 def _silence_stdout():
@@ -435,6 +486,9 @@ def main(argv=None, prog="tinygrad-attn"):
     if unknown:  # reported by the command's own parser, so the hint points at its --help
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     name = f"{prog} {args.command}"
+    if getattr(args, "threads", None):
+        from .ops.kernels.threads import set_num_threads
+        set_num_threads(args.threads)
     try:
         return COMMANDS[args.command](args)
     except _Fail as e:

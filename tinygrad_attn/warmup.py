@@ -6,9 +6,11 @@ disk, so only the first run after installing (or after editing a kernel)
 pays. Nothing happens at import; this module is for the programs that
 prefer to pay up front and say so:
 
-1. `kernel_signatures()` runs tiny Transformer training steps as a dry run
-   (`threads.dry_run`: no kernel runs) and lists which kernels a step calls
-   with which argument types, in the order of first use;
+1. `signatures_of(step)` runs a training step as a dry run
+   (`threads.dry_run`: no kernel runs) and lists which kernels it calls with
+   which argument types, in the order of first use (`kernel_signatures()`
+   does it for tiny steps that call every kernel; the `train` command for
+   its own model's step);
 2. `compile_kernels(calls)` compiles them (or loads them from the cache)
    in this process, with a progress line. With `helper=True` (the `train`
    command on a cold cache, on a machine with two cores or more) a second
@@ -18,14 +20,15 @@ prefer to pay up front and say so:
    by creating a file in a private directory, so no two processes ever
    write the same kernel's cache files (no locks on Numba's cache needed);
    this process then waits for the helper and loads its kernels.
-3. a marker file in the cache (named after the kernels' sources and the
-   Numba, Python and machine versions) records that a full compile
-   happened, so later runs start no helper.
+3. a marker file in the cache (named after the kernels' sources, the
+   Numba, Python and machine versions and the calls) records that these
+   calls were compiled, so later runs start no helper.
 """
 import contextlib
 import glob
 import hashlib
 import os
+import pickle
 import platform
 import shutil
 import subprocess
@@ -72,34 +75,45 @@ def training_steps(dtype=np.float32):
     (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()).backward()
 
 
-def kernel_signatures(dtypes=(np.float32,)):
-    """[(kernel, argument types)] of `training_steps` in each dtype, first use first."""
+def signatures_of(step):
+    """[(kernel, argument types)] that step() calls, first use first, from a dry run
+    (no kernel runs; step's results are garbage and must be thrown away)."""
     with threads.dry_run() as calls, np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the dry run computes on uninitialised arrays
-        for dtype in dtypes:
-            training_steps(dtype)
+        step()
     return calls
 
 
-def _state_key():
-    """Names what a cache full of our kernels depends on: the source code of
-    the kernels and of the ops calling them, and the versions."""
+def kernel_signatures(dtypes=(np.float32,)):
+    """[(kernel, argument types)] of `training_steps` in each dtype, first use first."""
+    return signatures_of(lambda: [training_steps(dtype) for dtype in dtypes])
+
+
+def _state_key(calls):
+    """Names a cache holding these compiled calls: the source code of the
+    kernels and of the ops calling them, the versions, and the calls."""
     digest = hashlib.sha256()
     ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
     for path in sorted(glob.glob(os.path.join(ops, "kernels", "*.py")) + glob.glob(os.path.join(ops, "*.py"))):
         with open(path, "rb") as f:
             digest.update(f.read())
     digest.update(f"{numba.__version__} {sys.version} {platform.machine()}".encode())
+    digest.update(repr(sorted(f"{k.__name__}{sig}" for k, sig in calls)).encode())
     return digest.hexdigest()[:20]
 
 
-def _marker():
-    return os.path.join(KERNELS[0].stats.cache_path, f"tinygrad_attn-compiled-{_state_key()}")
+def cache_dir():
+    """Where Numba keeps the compiled kernels."""
+    return KERNELS[0].stats.cache_path
 
 
-def is_warm():
-    """True if a full compile of this version of the kernels was cached before."""
-    return os.path.exists(_marker())
+def _marker(calls):
+    return os.path.join(cache_dir(), f"tinygrad_attn-compiled-{_state_key(calls)}")
+
+
+def is_warm(calls):
+    """True if these calls were all compiled into the cache before (by `compile_kernels`)."""
+    return os.path.exists(_marker(calls))
 
 
 def _by_kernel(calls):
@@ -119,22 +133,24 @@ def _claim(claims, index):
         return False
 
 
-def _start_helper(claims, dtypes):
+def _start_helper(claims, calls):
+    """The helper process, given the calls (pickled in the claims directory)."""
+    with open(os.path.join(claims, "calls.pickle"), "wb") as f:
+        pickle.dump([(KERNELS.index(kernel), signature) for kernel, signature in calls], f)
     env = dict(os.environ)
     if numba.config.CACHE_DIR:  # chosen by numba_cache.py or the user: the helper must use the same
         env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-    names = [np.dtype(d).name for d in dtypes]
-    code = ("from tinygrad_attn import warmup; "
-            f"warmup._helper_main({claims!r}, {names!r})")
+    code = f"from tinygrad_attn import warmup; warmup._helper_main({claims!r})"
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _helper_main(claims, dtype_names):
+def _helper_main(claims):
     """The helper process: claim kernels from the end of the list, compile them."""
-    kernels = _by_kernel(kernel_signatures([np.dtype(n) for n in dtype_names]))
+    with open(os.path.join(claims, "calls.pickle"), "rb") as f:
+        kernels = _by_kernel([(KERNELS[index], signature) for index, signature in pickle.load(f)])
     for index in reversed(range(len(kernels))):
         if not _claim(claims, index):
             return  # the main process got here first: the rest is its
@@ -143,16 +159,17 @@ def _helper_main(claims, dtype_names):
             kernel.compile(signature)
 
 
-def compile_kernels(dtypes=(np.float32, np.float64), progress=None, helper=False):
-    """Compile (or load from the cache) every kernel of `training_steps` in
-    `dtypes`; returns the seconds it took. progress(done, total, name) is
-    called before each kernel. helper: share the work with a second process
-    when the cache is cold and there are two cores (module docstring)."""
+def compile_kernels(calls, progress=None, helper=False):
+    """Compile (or load from the cache) the kernels of `calls` ([(kernel,
+    argument types)], from `signatures_of` or `kernel_signatures`); returns
+    the seconds it took. progress(done, total, name) is called before each
+    kernel. helper: share the work with a second process when these calls
+    were never compiled here and there are two cores (module docstring)."""
     start = time.perf_counter()
-    kernels = _by_kernel(kernel_signatures(dtypes))
-    use_helper = helper and threads._usable_cores() >= 2 and not is_warm()
+    kernels = _by_kernel(calls)
+    use_helper = helper and len(kernels) > 1 and threads._usable_cores() >= 2 and not is_warm(calls)
     claims = tempfile.mkdtemp(prefix="tinygrad_attn-warmup-") if use_helper else None
-    process = _start_helper(claims, dtypes) if use_helper else None
+    process = _start_helper(claims, calls) if use_helper else None
     try:
         for index, (kernel, signatures) in enumerate(kernels):
             if claims is not None and not _claim(claims, index):
@@ -171,5 +188,5 @@ def compile_kernels(dtypes=(np.float32, np.float64), progress=None, helper=False
     if progress is not None:
         progress(len(kernels), len(kernels), "")
     with contextlib.suppress(OSError):
-        open(_marker(), "w").close()
+        open(_marker(calls), "w").close()
     return time.perf_counter() - start

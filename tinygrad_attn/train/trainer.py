@@ -320,6 +320,23 @@ class Trainer:
         self._rows_logged = len(self.history["train"])
 
     # ------------------------------------------------------------ one step
+    def kernel_calls(self):
+        """The kernels, with their argument types, that a training step of this
+        run calls (for `tinygrad_attn.warmup.compile_kernels`): a dry run of
+        the forward and backward that leaves no trace (no kernel runs, the
+        generator's state is put back, the gradients are dropped)."""
+        from ..warmup import signatures_of
+        state = get_generator().bit_generator.state
+        was_training = self.model.training
+        try:
+            self.model.train()
+            return signatures_of(lambda: self.job.loss(self.job.train_batch(self.config.batch_size)).backward())
+        finally:
+            get_generator().bit_generator.state = state
+            self.model.train(was_training)
+            for p in self._params:
+                p.grad = None
+
     def train_step(self):
         """One optimisation step; returns (loss, number of target tokens).
 
