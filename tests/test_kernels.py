@@ -37,7 +37,7 @@ def run_both(fused, composite, arrays, seed=0):
         tg.manual_seed(seed)
         out = fn(*ts)
         outs = out if isinstance(out, tuple) else (out,)
-        total = sum((o * tg.Tensor(np.cos(np.arange(o.size)).reshape(o.shape))).sum() for o in outs)
+        total = sum((o * tg.Tensor(np.cos(np.arange(o.numel())).reshape(o.shape))).sum() for o in outs)
         total.backward()
         results.append(([o.data for o in outs], [t.grad.data if t.grad is not None else None for t in ts]))
     return results

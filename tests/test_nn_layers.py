@@ -182,7 +182,7 @@ def test_seeds_example_eight_heads_of_three_on_two_tokens():
     tg.manual_seed(0)
     mha = nn.MultiHeadAttention(embed_dim=4, num_heads=8, head_dim=3).double()
     for p in mha.parameters():  # non-zero biases too, so every term is exercised
-        p.data[...] = np.random.default_rng(p.size).normal(size=p.shape)
+        p.data[...] = np.random.default_rng(p.numel()).normal(size=p.shape)
     x = np.random.default_rng(1).normal(size=(2, 4))
     assert mha.in_proj_weight.shape == (72, 4) and mha.out_proj.weight.shape == (4, 24)
 
@@ -390,7 +390,7 @@ def test_encoder_layer_matches_the_reference(norm_first):
     tg.manual_seed(0)
     layer = nn.TransformerEncoderLayer(6, 2, dim_feedforward=8, dropout=0.0, norm_first=norm_first).double()
     for p in layer.parameters():
-        p.data[...] += np.random.default_rng(p.size).normal(scale=0.3, size=p.shape)
+        p.data[...] += np.random.default_rng(p.numel()).normal(scale=0.3, size=p.shape)
     x = np.random.default_rng(0).normal(size=(2, 3, 6))
     kpm = np.array([[False, False, True], [False, False, False]])
     out = layer(t64(x), src_key_padding_mask=kpm)

@@ -293,14 +293,23 @@ def run_backward(roots, root_grads, retain_graph=False, capture=None):
     return None
 
 
-def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=False):
-    """Gradients of `outputs` with respect to `inputs`, as a list of Tensors.
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+         allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    """Gradients of `outputs` with respect to `inputs`, as a tuple of Tensors.
 
     Like `torch.autograd.grad`: nothing is accumulated into `.grad`. Inputs
     that the outputs do not depend on give `None` when `allow_unused=True`
-    and an error otherwise.
+    (zeros with materialize_grads=True) and an error otherwise. Not
+    implemented: create_graph=True (gradients are first order only) and
+    is_grads_batched=True (NotImplementedError); only_inputs is ignored, as
+    in PyTorch.
     """
     from .tensor import Tensor
+    for arg, value in (("create_graph", create_graph), ("is_grads_batched", is_grads_batched)):
+        if value:
+            raise NotImplementedError(f"grad: {arg}=True is not implemented (gradients are first "
+                                      "order only, one backward per call)")
+    allow_unused = bool(allow_unused) or materialize_grads
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if grad_outputs is None:
@@ -308,14 +317,16 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=Fa
     elif isinstance(grad_outputs, Tensor):
         grad_outputs = [grad_outputs]
     root_grads = [_root_grad(o, g, "grad") for o, g in zip(outputs, grad_outputs)]
-    found = run_backward(outputs, root_grads, retain_graph, capture=inputs)
+    found = run_backward(outputs, root_grads, bool(retain_graph), capture=inputs)
     result = []
     for t, g in zip(inputs, found):
         if g is None and not allow_unused:
             raise RuntimeError("grad: one of the inputs was not used to compute the outputs "
                                "(pass allow_unused=True to get None for it)")
+        if g is None and materialize_grads:
+            g = np.zeros(t.shape, dtype=t.dtype)
         result.append(None if g is None else Tensor._make(np.array(g, dtype=t.dtype), False, None))
-    return result
+    return tuple(result)
 
 
 def _root_grad(tensor, gradient, op):
@@ -324,7 +335,7 @@ def _root_grad(tensor, gradient, op):
         raise RuntimeError(f"{op}: the tensor does not require grad and has no graph "
                            "(was it computed under no_grad(), or from inputs without requires_grad?)")
     if gradient is None:
-        if tensor.size != 1:
+        if tensor.numel() != 1:
             raise RuntimeError(f"{op}: backward() without a gradient needs a tensor with one element, "
                                f"got shape {tensor.shape}; pass gradient= of that shape")
         return np.ones(tensor.shape, dtype=tensor.dtype)

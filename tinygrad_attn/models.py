@@ -109,7 +109,7 @@ class Seq2SeqTransformer(nn.Module):
         self.transformer = nn.Transformer(
             d_model=c.d_model, nhead=c.nhead, num_encoder_layers=c.num_encoder_layers,
             num_decoder_layers=c.num_decoder_layers, dim_feedforward=c.dim_feedforward,
-            dropout=c.dropout, norm_first=c.norm_first)
+            dropout=c.dropout, batch_first=True, norm_first=c.norm_first)
         self.generator = nn.Linear(c.d_model, c.vocab_size)
 
     def _embed(self, embedding, ids):
@@ -131,7 +131,8 @@ class Seq2SeqTransformer(nn.Module):
         if tgt_in.shape[-1] > self.config.max_len:
             raise ShapeError(f"Seq2SeqTransformer: target of length {tgt_in.shape[-1]} is longer "
                              f"than max_len {self.config.max_len}")
-        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory,
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[-1])
+        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory, tgt_mask=causal,
                                      tgt_key_padding_mask=tgt_key_padding_mask,
                                      memory_key_padding_mask=memory_key_padding_mask,
                                      tgt_is_causal=True)
@@ -254,8 +255,8 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
         self.pos_emb = nn.LearnedPositionalEmbedding(c.n_embd, max_len=c.block_size, dropout=c.dropout)
         block = nn.TransformerEncoderLayer(c.n_embd, c.n_head, dim_feedforward=c.dim_feedforward,
-                                           dropout=c.dropout, activation="gelu", norm_first=True,
-                                           bias=c.bias)
+                                           dropout=c.dropout, activation="gelu", batch_first=True,
+                                           norm_first=True, bias=c.bias)
         self.transformer = nn.TransformerEncoder(block, c.n_layer, norm=nn.LayerNorm(c.n_embd, bias=c.bias))
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self._init_weights()
@@ -282,7 +283,8 @@ class GPT(nn.Module):
             raise ShapeError(f"GPT: expected ids (B, T) with 1 <= T <= block_size "
                              f"{self.config.block_size}, got {idx.shape}")
         _check_ids(idx, self.config.vocab_size, "GPT")
-        x = self.transformer(self.pos_emb(self.tok_emb(idx)), is_causal=True)
+        causal = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
+        x = self.transformer(self.pos_emb(self.tok_emb(idx)), mask=causal, is_causal=True)
         return self.lm_head(x)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):

@@ -93,7 +93,7 @@ def _kaiming_std(tensor, a, mode, nonlinearity):
 def kaiming_uniform_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu"):
     """He: U(-b, b) with b = gain * sqrt(3 / fan). nn.Linear's default is
     a = sqrt(5), which gives b = 1 / sqrt(fan_in)."""
-    if tensor.size == 0:
+    if tensor.numel() == 0:
         return tensor
     bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
     return uniform_(tensor, -bound, bound)
@@ -101,6 +101,6 @@ def kaiming_uniform_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu"):
 
 def kaiming_normal_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu"):
     """He: N(0, std^2) with std = gain / sqrt(fan)."""
-    if tensor.size == 0:
+    if tensor.numel() == 0:
         return tensor
     return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity))

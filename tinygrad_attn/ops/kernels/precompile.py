@@ -114,7 +114,7 @@ def training_step():
     from tinygrad_attn import functional as F
     from tinygrad_attn import nn
     model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                           dim_feedforward=16, dropout=0.1)
+                           dim_feedforward=16, dropout=0.1, batch_first=True)
     head = nn.Linear(8, 5)
     F.gelu(tg.randn(3, requires_grad=True)).sum().backward()
     src, tgt = tg.randn(2, 3, 8), tg.randn(2, 4, 8)
