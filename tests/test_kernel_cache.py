@@ -46,14 +46,14 @@ def test_dry_run_records_kernel_calls_without_running_them():
 
 
 def _encoder_step():
-    layer, head = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1), nn.Linear(16, 7)
+    layer, head = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=True), nn.Linear(16, 7)
     padding = np.arange(5) > np.array([[4], [3], [2]])  # (3, 5): True = padding
     logits = head(layer(tg.randn(3, 5, 16), src_key_padding_mask=padding))
     F.cross_entropy(logits.reshape(-1, 7), np.arange(15) % 7).backward()
 
 
 def _causal_decoder_step():
-    layer = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.2, norm_first=True)
+    layer = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.2, batch_first=True, norm_first=True)
     out = layer(tg.randn(2, 6, 16, requires_grad=True), tg.randn(2, 4, 16), tgt_is_causal=True,
                 tgt_mask=nn.Transformer.generate_square_subsequent_mask(6))
     F.cross_entropy(out.reshape(-1, 16), np.zeros(12, np.int64), ignore_index=3).backward()
@@ -171,7 +171,8 @@ def test_background_compile_fills_a_cold_cache(tmp_path):
     assert os.path.exists(marker)
     step = ("import numpy as np, tinygrad_attn as tg\n"
             "from tinygrad_attn import nn, functional as F\n"
-            "layer, head = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1), nn.Linear(32, 11)\n"
+            "layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)\n"
+            "head = nn.Linear(32, 11)\n"
             "logits = head(layer(tg.randn(4, 10, 32)))\n"
             "F.cross_entropy(logits.reshape(-1, 11), np.arange(40) % 11).backward()\n"
             "print(sum(sum(k.stats.cache_hits.values()) for k in tg.ops.kernels.KERNELS),"
