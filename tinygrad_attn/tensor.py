@@ -373,6 +373,10 @@ class Tensor:
             return E.Cast.apply(self, dtype=dtype)
         return Tensor._make(self.data.astype(dtype), False, None)
 
+    def cpu(self):
+        """self: the CPU is the only device (as in x.detach().cpu().numpy())."""
+        return self
+
     def astype(self, dtype):
         """numpy's spelling of to(dtype)."""
         return self.to(dtype)
@@ -627,13 +631,13 @@ class Tensor:
         """The smallest element; min(dim) returns (values, indices), as max."""
         return self._max_min(R.Min, dim, keepdim, axis, keepdims)
 
-    def amax(self, dim=(), keepdim=False):
-        """The maximum over one or several axes (all for dim=()), values only."""
-        return R.Max.apply(self, axis=None if dim == () else dim, keepdims=bool(keepdim))
+    def amax(self, dim=None, keepdim=False):
+        """The maximum over one or several axes (all for None or ()), values only."""
+        return R.Max.apply(self, axis=None if dim in (None, ()) else dim, keepdims=bool(keepdim))
 
-    def amin(self, dim=(), keepdim=False):
-        """The minimum over one or several axes (all for dim=()), values only."""
-        return R.Min.apply(self, axis=None if dim == () else dim, keepdims=bool(keepdim))
+    def amin(self, dim=None, keepdim=False):
+        """The minimum over one or several axes (all for None or ()), values only."""
+        return R.Min.apply(self, axis=None if dim in (None, ()) else dim, keepdims=bool(keepdim))
 
     def var(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None,
             keepdims=None):
@@ -753,17 +757,17 @@ class Tensor:
         merged = int(np.prod(self.shape[start:end + 1]))
         return self.reshape(self.shape[:start] + (merged,) + self.shape[end + 1:])
 
-    def split(self, split_size_or_sections, dim=0):
+    def split(self, split_size, dim=0):
         """Split along `dim` into pieces of `split_size` (the last may be
         smaller) or into the given list of sizes, as torch.split does."""
         axis = normalize_axis(dim, self.ndim, "split")
         n = self.shape[axis]
-        if isinstance(split_size_or_sections, int):
-            if split_size_or_sections <= 0:
-                raise ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
-            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)]
+        if isinstance(split_size, int):
+            if split_size <= 0:
+                raise ValueError(f"split: split_size must be positive, got {split_size}")
+            sizes = [min(split_size, n - i) for i in range(0, n, split_size)]
         else:
-            sizes = list(split_size_or_sections)
+            sizes = list(split_size)
             if sum(sizes) != n:
                 raise ShapeError(f"split: sizes {sizes} do not add up to {n}, the size of axis "
                                  f"{axis} of shape {self.shape}")

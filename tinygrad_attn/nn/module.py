@@ -156,9 +156,9 @@ class Module:
                     seen.add(module)
                 yield name, module
 
-    def modules(self):
-        """Every module, this one first, each once."""
-        return (module for _, module in self.named_modules())
+    def modules(self, remove_duplicate=True):
+        """Every module, this one first, each once (see named_modules)."""
+        return (module for _, module in self.named_modules(remove_duplicate=remove_duplicate))
 
     def get_submodule(self, target):
         """The sub-module at dotted path `target` ("" is this module)."""
@@ -256,6 +256,10 @@ class Module:
                     t.data = t.data.astype(dtype)
                     if t.grad is not None:
                         t.grad = Tensor(t.grad.data.astype(dtype))
+        return self
+
+    def cpu(self):
+        """self: the CPU is the only device (PyTorch's model.cpu())."""
         return self
 
     def double(self):
@@ -448,12 +452,12 @@ class Sequential(Module):
     OrderedDict given as the only argument.
     """
 
-    def __init__(self, *modules):
+    def __init__(self, *args):
         super().__init__()
-        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
-            items = modules[0].items()
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            items = args[0].items()
         else:
-            items = ((str(i), m) for i, m in enumerate(modules))
+            items = ((str(i), m) for i, m in enumerate(args))
         self._items = OrderedDict((name, _check_module("Sequential", m)) for name, m in items)
 
     def named_children(self):
