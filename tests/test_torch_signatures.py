@@ -153,17 +153,49 @@ def _documented(obj, name):
     return None if line is None else parse_signature_text(f"{name}({line.group(1)})")
 
 
+def _schema_args(schema):
+    """[(name, keyword_only)] of an aten schema string "aten::f(Tensor self, int d, *, bool k=False)"."""
+    inner = schema[schema.index("(") + 1:schema.rindex(") ->")]
+    args, keyword_only = [], False
+    for item in _split_top_level(inner):
+        if item == "*":
+            keyword_only = True
+        else:
+            args.append((item.split("=")[0].split()[-1], keyword_only))
+    return args
+
+
+def _aten_keyword_only(name):
+    """Names keyword-only in every aten schema of `name` that has them (the
+    out= variants aside). Docstrings of built-ins often omit the `*`
+    (F.gelu's approximate, Tensor.sum's dtype, F.scaled_dot_product_attention's
+    scale): the schema is what PyTorch's argument parser follows."""
+    try:
+        schemas = [str(s) for s in torch._C._jit_get_schemas_for_operator(f"aten::{name}")]
+    except RuntimeError:
+        return set()
+    seen = {}
+    for schema in schemas:
+        if "out)" in schema or "Tensor(a!)" in schema:
+            continue
+        for arg, keyword_only in _schema_args(schema):
+            seen[arg] = seen.get(arg, True) and keyword_only
+    return {arg for arg, keyword_only in seen.items() if keyword_only}
+
+
 def torch_params(obj, name, label=None):
-    if label in HAND_WRITTEN or f"torch.{name}" in HAND_WRITTEN:
-        return parse_signature_text(HAND_WRITTEN.get(label) or HAND_WRITTEN[f"torch.{name}"])
+    if label in HAND_WRITTEN:
+        return parse_signature_text(HAND_WRITTEN[label])
     try:
         return python_params(obj)
     except (ValueError, TypeError):
         params = _documented(obj, name)
-        if params is None:
-            raise AssertionError(f"{label or name}: no signature found for PyTorch's {name}; add it "
-                                 "to HAND_WRITTEN") from None
-        return params
+    if params is None:
+        raise AssertionError(f"{label or name}: no signature found for PyTorch's {name}; add it "
+                             "to HAND_WRITTEN")
+    keyword_only = _aten_keyword_only(name)
+    return [p._replace(kind="keyword") if p.kind == "positional" and p.name in keyword_only else p
+            for p in params]
 
 
 # ----------------------------------------------------------------- discovery

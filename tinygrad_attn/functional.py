@@ -27,7 +27,7 @@ def relu(input, inplace=False):
     return input.relu()
 
 
-def gelu(input, approximate="none"):
+def gelu(input, *, approximate="none"):
     """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
     uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     return input.gelu(approximate=approximate)
@@ -171,11 +171,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False, *, need_weights=False):
+                                 is_causal=False, *, scale=None, enable_gqa=False, need_weights=False):
     """softmax(Q K^T * scale + mask) V, batched over all leading axes, in one fused kernel.
 
-    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
-    1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
+    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale (keyword-only, as
+    in PyTorch) defaults to 1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
     boolean mask is True where a query MAY attend, a float mask is added to
     the scores. `is_causal` lets query i see keys j <= i. Dropout (p =
     dropout_p) is applied to the weights. Returns the output, or (output,

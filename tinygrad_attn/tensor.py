@@ -402,14 +402,19 @@ class Tensor:
         return self.to(int64)
 
     def clone(self):
-        """A copy of the data; gradients flow back through it unchanged (dz/dx = 1)."""
+        """A copy of the data (same memory layout, as torch's); gradients
+        flow back through it unchanged (dz/dx = 1)."""
         if self.dtype.kind == "f":
             return E.Cast.apply(self, dtype=self.dtype)  # astype copies, its backward passes g on
         return Tensor._make(self.data.copy(), False, None)
 
     def contiguous(self):
-        """self if its data is C-contiguous, else a contiguous clone()."""
-        return self if self.data.flags.c_contiguous else self.clone()
+        """self if its data is C-contiguous, else a C-contiguous copy
+        (gradients flow back through it)."""
+        if self.data.flags.c_contiguous:
+            return self
+        # Flattening a strided view copies it in C order; the second reshape is a view of that copy.
+        return M.Reshape.apply(M.Reshape.apply(self, shape=(-1,)), shape=self.shape)
 
     # ------------------------------------------------------------ arithmetic
     def __add__(self, other):
@@ -590,7 +595,7 @@ class Tensor:
     # ------------------------------------------------------------ reductions
     # PyTorch's dim / keepdim, positional as in torch; numpy's axis= / keepdims=
     # are accepted as keywords. dim may be one axis, a tuple of axes, or None (all).
-    def sum(self, dim=None, keepdim=False, dtype=None, *, axis=None, keepdims=None):
+    def sum(self, dim=None, keepdim=False, *, dtype=None, axis=None, keepdims=None):
         """The sum over `dim` (all axes if None); `dtype` casts first."""
         dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "sum")
         x = self if dtype is None else self.to(dtype)

@@ -16,6 +16,7 @@ from functools import reduce
 import numpy as np
 
 from .. import functional as F
+from ..autograd import is_grad_enabled
 from ..shapes import ShapeError
 from ..tensor import Tensor
 from . import init
@@ -26,7 +27,11 @@ _NAME = "MultiheadAttention"  # in error messages
 
 
 def _mask_array(mask, name):
-    """A mask as a numpy array (masks carry no gradient), bool or float."""
+    """A mask as a numpy array, bool or float. Masks carry no gradient here
+    (PyTorch's float masks can), so a mask that requires grad is refused."""
+    if isinstance(mask, Tensor) and mask.requires_grad and is_grad_enabled():
+        raise NotImplementedError(f"{_NAME}: {name} requires grad, but no gradient flows into "
+                                  f"masks here; pass {name}.detach()")
     m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
     if m.dtype != np.bool_ and m.dtype.kind != "f":
         raise TypeError(f"{_NAME}: {name} must be boolean or floating point, got {m.dtype}")
