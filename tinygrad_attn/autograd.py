@@ -25,6 +25,7 @@ _anomaly_enabled = False
 
 
 def is_grad_enabled():
+    """Whether ops are recorded for backward now (False inside no_grad())."""
     return _grad_enabled
 
 
@@ -159,10 +160,13 @@ class Function:
 
     @staticmethod
     def forward(ctx, *inputs, **params):
+        """The op on numpy arrays: return the output array; keep what backward
+        needs with ctx.save_for_backward(...) or as attributes of ctx."""
         raise NotImplementedError
 
     @staticmethod
     def backward(ctx, grad_output):
+        """dL/d(each input) from dL/d(output): one array (or None) per input."""
         raise NotImplementedError
 
     @classmethod
