@@ -387,6 +387,7 @@ def test_tensor_habits_as_in_pytorch():
         assert x.contiguous().numpy().flags.c_contiguous
         assert x.transpose(0, 2).contiguous().numpy().flags.c_contiguous
         assert x.to("cpu") is x and x.cpu() is x and x.detach().cpu().numpy().shape == (2, 3, 4)
+        assert x.device.type == "cpu" and x.to(x.device) is x
         assert x.to(torch.float32).dtype == x.float().dtype
         assert x.to(lib.tensor(np.zeros(1, np.float32))).dtype == x.float().dtype
         assert x.type() == "torch.DoubleTensor" and x.type(torch.float32).type() == "torch.FloatTensor"

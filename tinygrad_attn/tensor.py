@@ -127,6 +127,16 @@ _TYPE_NAMES = {float32: "torch.FloatTensor", float64: "torch.DoubleTensor", int6
                bool_: "torch.BoolTensor"}
 
 
+class _Device(str):
+    """What Tensor.device returns: equal to "cpu", with torch.device's `type`."""
+
+    type = "cpu"
+    index = None
+
+
+CPU = _Device("cpu")
+
+
 def _is_device(x):
     """A device argument of `to`: a string that names no dtype, or a torch.device."""
     return (isinstance(x, str) and x not in _DTYPE_NAMES) or type(x).__name__ == "device"
@@ -226,8 +236,9 @@ class Tensor:
 
     @property
     def device(self):
-        """Always "cpu": tensors are numpy arrays."""
-        return "cpu"
+        """Always the CPU (tensors are numpy arrays): equal to "cpu", and
+        `x.device.type == "cpu"` as with a torch.device."""
+        return CPU
 
     def size(self, dim=None):
         """The shape as a tuple, or the size of axis `dim` (an int), as
