@@ -11,14 +11,15 @@ import warnings
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention
-from .ops.dropout import Dropout
+from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
+                            check_mask_dtype)
+from .ops.dropout import DropoutOp
 from .ops.loss import CrossEntropy
-from .ops.matmul import Linear
-from .ops.norm import LayerNorm
+from .ops.matmul import LinearOp
+from .ops.norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError
-from .tensor import Tensor, where
+from .tensor import Tensor, _promote, where
 
 
 def relu(input, inplace=False):
@@ -44,8 +45,15 @@ def tanh(input):
 
 
 def linear(input, weight, bias=None):
-    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
-    return Linear.apply(input, weight) if bias is None else Linear.apply(input, weight, bias)
+    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch.
+
+    An integer input meets a float weight as in the arithmetic operators: it
+    takes the weight's dtype (PyTorch raises; numpy would give float64)."""
+    input, weight = _promote(input, weight)
+    if bias is None:
+        return LinearOp.apply(input, weight)
+    bias, weight = _promote(bias, weight)
+    return LinearOp.apply(input, weight, bias)
 
 
 def _no_inplace(name, inplace):
@@ -107,15 +115,17 @@ def _softmax_dim(name, ndim, dim, dtype, input):
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits).
 
-    Pass `dim`: without it PyTorch's deprecated implicit choice applies (with
-    its warning). `dtype` casts the input first."""
+    A -inf entry gets 0; a row of only -inf has no softmax and gives NaN, as in
+    PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
+    applies (with its warning). `dtype` casts the input first."""
     dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
     return Softmax.apply(input, axis=dim)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel); `dim` and
-    `dtype` as in `softmax`."""
+    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel); -inf stays -inf,
+    and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
+    `softmax`."""
     dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
     return LogSoftmax.apply(input, axis=dim)
 
@@ -131,7 +141,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     dtype = input.dtype if input.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
-    return LayerNorm.apply(input, weight, bias, normalized_ndim=k, eps=eps)
+    return LayerNormOp.apply(input, weight, bias, normalized_ndim=k, eps=eps)
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
@@ -145,7 +155,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     _no_inplace("dropout", inplace)
     if not training or p == 0:
         return input
-    return Dropout.apply(input, p=p)
+    return DropoutOp.apply(input, p=p)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -157,8 +167,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     to `ignore_index` contribute nothing; "mean" divides by the number of the
     others (NaN if there are none, as PyTorch). With label smoothing e the
     loss per element is (1 - e) * (-log p_target) + e * mean_c(-log p_c).
-    Not implemented (NotImplementedError unless None): class `weight`, and
-    the deprecated `size_average` and `reduce` (use `reduction`).
+    A -inf logit (a masked class) has p = 0: the loss stays finite unless it
+    is the target or smoothing gives it weight (then +inf, as PyTorch), and
+    the gradient is finite either way. Not implemented (NotImplementedError
+    unless None): class `weight`, and the deprecated `size_average` and
+    `reduce` (use `reduction`).
     """
     for arg, value in (("weight", weight), ("size_average", size_average), ("reduce", reduce)):
         if value is not None:
@@ -168,6 +181,12 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction)
+
+
+def _mask_tensor(attn_mask, op):
+    """attn_mask as a Tensor, its dtype checked first (Tensor() would turn int32 into int64)."""
+    check_mask_dtype(attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask), op)
+    return attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -198,14 +217,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         key, value = _repeat_kv_heads(query, key), _repeat_kv_heads(query, value)
     inputs = (query, key, value)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
                                                         dropout_p=dropout_p)
     if not need_weights:
         return out
     weights = ctx.weights
-    if is_grad_enabled() and any(t.requires_grad for t in inputs if t is not value):
-        qk_mask = (query, key) + inputs[3:]
+    # The weights depend on query, key and the mask, not on value. (Select by
+    # position, not by `t is not value`: in self-attention the same tensor is
+    # all three, and the weights would silently lose their gradient.)
+    qk_mask = (query, key) + inputs[3:]
+    if is_grad_enabled() and any(t.requires_grad for t in qk_mask):
         return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
                                            value_batch=value.shape[:-2])
     return out, Tensor(weights)
@@ -248,7 +270,7 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     """
     inputs = (qkv,)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
     return (out, Tensor(ctx.weights)) if need_weights else out

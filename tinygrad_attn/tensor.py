@@ -7,11 +7,13 @@ from collections import namedtuple
 
 import numpy as np
 
+from . import autograd
 from .autograd import run_backward, _root_grad
 from .ops import elementwise as E
 from .ops import movement as M
 from .ops import reduce as R
 from .ops.matmul import MatMul
+from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError, normalize_axes, normalize_axis, normalize_new_axis
 
 float32 = np.dtype(np.float32)
@@ -61,13 +63,42 @@ def _to_array(data, dtype):
             arr = np.asarray(data)
         except ValueError as e:
             raise ValueError(f"Tensor: cannot make a tensor from this data: {e}") from None
+        # numpy holds Python ints beyond int64 as objects, uint64 or (mixed with others) floats
+        if dtype is not None and dtype.kind == "f":
+            if arr.dtype.kind == "O":
+                arr = _as_float64(data, arr)
+        elif arr.dtype.kind in "Ou" or (arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any()):
+            _check_python_ints(data)
         if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
             dtype = float32  # Python floats default to float32
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "
                         "(tensors hold floats, integers or booleans)")
     target = dtype if dtype is not None else _canonical_dtype(arr.dtype)
+    if target == int64 and arr.dtype == np.uint64 and arr.size and arr.max() > _INT64_MAX:
+        raise OverflowError(f"Tensor: uint64 value {arr.max()} does not fit in int64, the integer "
+                            f"dtype of tensors (range [-2**63, 2**63 - 1])")
     return arr if arr.dtype == target else arr.astype(target)
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _as_float64(data, arr):
+    """Huge Python ints asked for as floats: convert them (anything else stays an object array)."""
+    try:
+        return np.asarray(data, dtype=float64)
+    except (TypeError, ValueError):
+        return arr
+
+
+def _check_python_ints(data):
+    """Raise OverflowError for a Python int outside int64 in `data` (rare:
+    only called when numpy found values that large)."""
+    for v in np.asarray(data, dtype=object).flat:
+        if isinstance(v, int) and not isinstance(v, bool) and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise OverflowError(f"Tensor: integer {v} does not fit in int64, the integer dtype of "
+                                "tensors (range [-2**63, 2**63 - 1])")
 
 
 def as_tensor_like(x, ref):
@@ -462,15 +493,19 @@ class Tensor:
         return E.Pow.apply(as_tensor_like(a, b), b)
 
     def __matmul__(self, other):
-        return MatMul.apply(self, other)
+        return MatMul.apply(*_promote(self, other))
 
     def __rmatmul__(self, other):
-        return MatMul.apply(other, self)
+        return MatMul.apply(*_promote(other, self))
 
     def __neg__(self):
         return E.Neg.apply(self)
 
     def __getitem__(self, index):
+        if isinstance(index, Tensor):  # tensors in an index are plain arrays to the op
+            index = index.data
+        elif isinstance(index, tuple) and any(isinstance(i, Tensor) for i in index):
+            index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
         return M.GetItem.apply(self, index=index)
 
     def __abs__(self):
@@ -594,14 +629,12 @@ class Tensor:
         return E.MaskedFill.apply(self, mask, value=value)
 
     def softmax(self, dim, dtype=None):
-        """exp(x_i) / sum_j exp(x_j) along `dim` (F.softmax)."""
-        from . import functional
-        return functional.softmax(self, dim, dtype=dtype)
+        """exp(x_i) / sum_j exp(x_j) along `dim` (F.softmax); `dtype` casts first."""
+        return Softmax.apply(self if dtype is None else self.to(dtype), axis=dim)
 
     def log_softmax(self, dim, dtype=None):
-        """x_i - log sum_j exp(x_j) along `dim` (F.log_softmax)."""
-        from . import functional
-        return functional.log_softmax(self, dim, dtype=dtype)
+        """x_i - log sum_j exp(x_j) along `dim` (F.log_softmax); `dtype` casts first."""
+        return LogSoftmax.apply(self if dtype is None else self.to(dtype), axis=dim)
 
     # ------------------------------------------------------------ reductions
     # PyTorch's dim / keepdim, positional as in torch; numpy's axis= / keepdims=
@@ -655,6 +688,17 @@ class Tensor:
         """The minimum over one or several axes (all for None or ()), values only."""
         return R.Min.apply(self, axis=None if dim in (None, ()) else dim, keepdims=bool(keepdim))
 
+    def _correction(self, dim, unbiased, correction, op):
+        """(dim, correction) from PyTorch's spellings: var(dim, unbiased),
+        var(unbiased) with a bool, or correction= (1 by default)."""
+        if isinstance(dim, bool):  # var(False): PyTorch's var(unbiased)
+            dim, unbiased = None, dim
+        if unbiased is not None:
+            if correction is not None:
+                raise TypeError(f"{op}: pass unbiased or correction, not both")
+            correction = int(bool(unbiased))
+        return dim, 1 if correction is None else correction
+
     def var(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None,
             keepdims=None):
         """The variance over `dim`: sum((x - mean)^2) / (N - correction).
@@ -662,20 +706,17 @@ class Tensor:
         correction=1 (the default, as PyTorch) is the unbiased estimate,
         correction=0 divides by N. PyTorch's older spellings work too:
         var(dim, unbiased, keepdim) and var(unbiased) with a bool."""
-        if isinstance(dim, bool):  # var(False): PyTorch's var(unbiased)
-            dim, unbiased = None, dim
-        if unbiased is not None:
-            if correction is not None:
-                raise TypeError("var: pass unbiased or correction, not both")
-            correction = int(bool(unbiased))
+        dim, correction = self._correction(dim, unbiased, correction, "var")
         dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "var")
-        return R.Var.apply(self, axis=dim, keepdims=keepdim, correction=1 if correction is None else correction)
+        return R.Var.apply(self, axis=dim, keepdims=keepdim, correction=correction)
 
     def std(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None,
             keepdims=None):
-        """sqrt(var(...)), with the same arguments as `var`."""
-        return self.var(dim, unbiased, keepdim, correction=correction, axis=axis,
-                        keepdims=keepdims).sqrt()
+        """Standard deviation, sqrt(var), with the same arguments as `var`
+        (its gradient is 0 where the input is constant, as PyTorch)."""
+        dim, correction = self._correction(dim, unbiased, correction, "std")
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "std")
+        return R.Std.apply(self, axis=dim, keepdims=keepdim, correction=correction)
 
     def logsumexp(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
         """log(sum(exp(x))) over `dim`, computed stably (all axes if None)."""
@@ -688,6 +729,7 @@ class Tensor:
         dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "argmax")
         if dim is not None:
             dim = normalize_axis(dim, self.ndim, "argmax")
+            dim = dim if self.ndim else None  # 0-d: dim 0 is allowed, numpy needs None
         return Tensor(np.argmax(self.data, axis=dim, keepdims=keepdim))
 
     def argmin(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
@@ -695,6 +737,7 @@ class Tensor:
         dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "argmin")
         if dim is not None:
             dim = normalize_axis(dim, self.ndim, "argmin")
+            dim = dim if self.ndim else None  # 0-d: dim 0 is allowed, numpy needs None
         return Tensor(np.argmin(self.data, axis=dim, keepdims=keepdim))
 
     # -------------------------------------------------------------- movement
@@ -778,12 +821,17 @@ class Tensor:
         smaller) or into the given list of sizes, as torch.split does."""
         axis = normalize_axis(dim, self.ndim, "split")
         n = self.shape[axis]
-        if isinstance(split_size, int):
-            if split_size <= 0:
-                raise ValueError(f"split: split_size must be positive, got {split_size}")
-            sizes = [min(split_size, n - i) for i in range(0, n, split_size)]
+        if isinstance(split_size, (int, np.integer)):
+            size = int(split_size)
+            if size < 0 or (size == 0 and n):
+                raise ValueError(f"split: split_size must be positive (0 only for an axis of size 0), "
+                                 f"got {size} for axis {axis} of shape {self.shape}")
+            # an axis of size 0 gives one empty piece, as in PyTorch
+            sizes = [min(size, n - i) for i in range(0, n, size)] if n else [0]
         else:
             sizes = list(split_size)
+            if any(not isinstance(s, (int, np.integer)) or s < 0 for s in sizes):
+                raise ValueError(f"split: sizes must be non-negative integers, got {sizes}")
             if sum(sizes) != n:
                 raise ShapeError(f"split: sizes {sizes} do not add up to {n}, the size of axis "
                                  f"{axis} of shape {self.shape}")
@@ -795,10 +843,15 @@ class Tensor:
         return tuple(pieces)
 
     def chunk(self, chunks, dim=0):
-        """Split into `chunks` pieces of equal size (the last may be smaller)."""
+        """Split into `chunks` pieces of equal size (the last may be smaller;
+        there may be fewer pieces, as in PyTorch: 6 in 4 chunks gives 3 of 2)."""
+        if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool) or chunks <= 0:
+            raise ValueError(f"chunk: chunks must be a positive integer, got {chunks!r}")
         axis = normalize_axis(dim, self.ndim, "chunk")
-        size = -(-self.shape[axis] // chunks)
-        return self.split(max(size, 1), dim=axis)
+        n = self.shape[axis]
+        if n == 0:
+            return self.split([0] * int(chunks), dim=axis)  # as PyTorch: `chunks` empty pieces
+        return self.split(-(-n // chunks), dim=axis)
 
 
 # ------------------------------------------------------------- free functions
@@ -845,38 +898,57 @@ def minimum(input, other):
 
 
 def matmul(input, other):
-    """input @ other."""
-    return MatMul.apply(input, other)
+    """input @ other (an integer operand takes the other's float dtype)."""
+    return MatMul.apply(*_promote(input, other))
 
 
-def _shape_args(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _new(data, dtype, device, requires_grad, op):
+def _check_size(size, op, name="size"):
+    """A tensor size (an int or a sequence of ints) as a tuple, or an error
+    naming the op and the argument."""
+    dims = (size,) if _is_int(size) else size
+    if not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
+        raise TypeError(f"{op}: {name} must be an int or a tuple of ints, got {size!r}")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{op}: {name} must not be negative, got {tuple(dims)}")
+    return tuple(int(d) for d in dims)
+
+
+def _shape_args(shape, op):
+    """`f(2, 3)` or `f((2, 3))`, checked."""
+    return _check_size(tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
+                       op)
+
+
+def _new(data, device, requires_grad, op):
     _check_device(device, op)
     return Tensor(data, requires_grad=requires_grad)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False):
     """A tensor of zeros of shape `size` (ints or one tuple), float32 by default."""
-    return _new(np.zeros(_shape_args(size), dtype=_canonical_dtype(dtype or float32)), dtype, device,
+    return _new(np.zeros(_shape_args(size, "zeros"), dtype=_canonical_dtype(dtype or float32)), device,
                 requires_grad, "zeros")
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False):
     """A tensor of ones of shape `size`, float32 by default."""
-    return _new(np.ones(_shape_args(size), dtype=_canonical_dtype(dtype or float32)), dtype, device,
+    return _new(np.ones(_shape_args(size, "ones"), dtype=_canonical_dtype(dtype or float32)), device,
                 requires_grad, "ones")
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
     """A tensor of shape `size` filled with `fill_value`; the dtype follows
     the value as in PyTorch (bool, int64, else float32) unless given."""
+    if not isinstance(fill_value, (int, float, bool, np.number, np.bool_)):
+        raise TypeError(f"full: fill_value must be a number, got {fill_value!r}")
     if dtype is None:
         dtype = (bool_ if isinstance(fill_value, (bool, np.bool_)) else
                  int64 if isinstance(fill_value, (int, np.integer)) else float32)
-    return _new(np.full(size, fill_value, dtype=_canonical_dtype(dtype)), dtype, device,
+    return _new(np.full(_check_size(size, "full"), fill_value, dtype=_canonical_dtype(dtype)), device,
                 requires_grad, "full")
 
 
@@ -895,9 +967,14 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
     arguments, float32 if any is a float."""
     if end is None:
         start, end = 0, start
+    for name, value in (("start", start), ("end", end), ("step", step)):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"arange: {name} must be a number, got {value!r}")
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
     data = np.arange(start, end, step)
     data = _to_array(data, dtype if dtype is not None or data.dtype.kind != "f" else float32)
-    return _new(data, dtype, device, requires_grad, "arange")
+    return _new(data, device, requires_grad, "arange")
 
 
 def _generator(generator):
@@ -908,21 +985,28 @@ def _generator(generator):
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
     """Standard normal samples from `generator` (a numpy Generator), by
     default the framework's, seeded by `manual_seed`."""
-    data = _generator(generator).standard_normal(_shape_args(size)).astype(_canonical_dtype(dtype or float32))
-    return _new(data, dtype, device, requires_grad, "randn")
+    data = _generator(generator).standard_normal(_shape_args(size, "randn"))
+    return _new(data.astype(_canonical_dtype(dtype or float32)), device, requires_grad, "randn")
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
     """Uniform samples in [0, 1), drawn as randn's."""
-    data = _generator(generator).random(_shape_args(size)).astype(_canonical_dtype(dtype or float32))
-    return _new(data, dtype, device, requires_grad, "rand")
+    data = _generator(generator).random(_shape_args(size, "rand"))
+    return _new(data.astype(_canonical_dtype(dtype or float32)), device, requires_grad, "rand")
 
 
 def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None,
             requires_grad=False):
-    """Integers uniform in [low, high) of shape `size`, int64 by default;
-    randint(high, size) starts at 0, as in PyTorch."""
+    """Integers drawn uniformly from [low, high), of shape `size`, int64 by
+    default; randint(high, size) starts at 0, as in PyTorch."""
     if size is None:  # randint(high, size)
         low, high, size = 0, low, high
-    data = _generator(generator).integers(low, high, size=size)
-    return _new(_to_array(data, dtype or int64), dtype, device, requires_grad, "randint")
+    if not _is_int(low) or not _is_int(high):
+        raise TypeError(f"randint: low and high must be integers, got low={low!r}, high={high!r}")
+    if low >= high:
+        raise ValueError(f"randint: low must be less than high, got low={low}, high={high}")
+    data = _generator(generator).integers(low, high, size=_check_size(size, "randint"))
+    return _new(_to_array(data, dtype or int64), device, requires_grad, "randint")
+
+
+autograd.register_tensor_type(Tensor, Tensor._make, as_tensor_like)  # the engine's graph nodes are Tensors

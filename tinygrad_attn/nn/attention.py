@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import functional as F
 from ..autograd import is_grad_enabled
+from ..ops.attention import check_mask_dtype
 from ..shapes import ShapeError
 from ..tensor import Tensor
 from . import init
@@ -33,8 +34,7 @@ def _mask_array(mask, name):
         raise NotImplementedError(f"{_NAME}: {name} requires grad, but no gradient flows into "
                                   f"masks here; pass {name}.detach()")
     m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-    if m.dtype != np.bool_ and m.dtype.kind != "f":
-        raise TypeError(f"{_NAME}: {name} must be boolean or floating point, got {m.dtype}")
+    check_mask_dtype(m, _NAME, name)
     return m
 
 

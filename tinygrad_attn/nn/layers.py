@@ -21,6 +21,15 @@ def _empty(*shape):
     return Parameter(np.zeros(shape, dtype=np.float32))
 
 
+def _check_sizes(layer, **sizes):
+    """Each size argument of a layer's constructor must be a non-negative int."""
+    for name, value in sizes.items():
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"{layer}: {name} must be an integer, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{layer}: {name} must be a non-negative integer, got {value}")
+
+
 def factory_dtype(owner, device=None, dtype=None):
     """Check PyTorch's `device=` and `dtype=` layer arguments; return the
     dtype to convert the new layer to (None: keep float32).
@@ -75,6 +84,7 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__()
         dtype = factory_dtype("Linear", device, dtype)
+        _check_sizes("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = _empty(out_features, in_features)
         self.bias = _empty(out_features) if bias else None
@@ -120,6 +130,7 @@ class Embedding(Module):
         super().__init__()
         dtype = factory_dtype("Embedding", device, dtype)
         F._embedding_unsupported("Embedding", max_norm, scale_grad_by_freq, sparse)
+        _check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(f"Embedding: padding_idx {padding_idx} is out of range for "
@@ -184,6 +195,7 @@ class LayerNorm(Module):
         dtype = factory_dtype("LayerNorm", device, dtype)
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
+        _check_sizes("LayerNorm", **{f"normalized_shape[{i}]": n for i, n in enumerate(normalized_shape)})
         self.normalized_shape, self.eps = tuple(normalized_shape), eps
         self.elementwise_affine = elementwise_affine
         self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) if elementwise_affine else None
