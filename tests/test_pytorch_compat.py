@@ -456,3 +456,12 @@ def test_a_mask_that_requires_grad_is_refused():
     m(x, x, x, attn_mask=mask.detach())
     with tg.no_grad():
         m(x, x, x, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_max_and_min_of_a_0d_tensor_along_dim_as_pytorch(dim):
+    for lib in (TORCH, OURS):
+        x = lib.tensor(3.0)
+        for method in ("max", "min"):
+            values, indices = getattr(x, method)(dim)
+            assert tuple(values.shape) == () and values.item() == 3.0 and indices.item() == 0

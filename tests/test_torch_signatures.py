@@ -84,6 +84,7 @@ HAND_WRITTEN = {
     "Tensor.relu": "relu()",
     "Tensor.log_softmax": "log_softmax(dim, dtype=None)",
     "Tensor.softmax": "softmax(dim, dtype=None)",
+    "tg.set_num_threads": "set_num_threads(n)",  # its docs: set_num_threads(int), one positional int
 }
 
 

@@ -665,7 +665,8 @@ class Tensor:
                             f"returns (values, indices) of one axis: for several use "
                             f"a{name}(dim) or {name}(axis=...)")
         arg = np.argmax if name == "max" else np.argmin
-        indices = arg(self.data, axis=normalize_axis(dim, self.ndim, name), keepdims=keepdim)
+        axis = normalize_axis(dim, self.ndim, name) if self.ndim else None  # 0-d: dim 0 or -1 allowed
+        indices = arg(self.data, axis=axis, keepdims=keepdim)
         result = max_result if name == "max" else min_result
         return result(values, Tensor._make(np.asarray(indices, dtype=np.int64), False, None))
 
@@ -682,11 +683,17 @@ class Tensor:
 
     def amax(self, dim=None, keepdim=False):
         """The maximum over one or several axes (all for None or ()), values only."""
-        return R.Max.apply(self, axis=None if dim in (None, ()) else dim, keepdims=bool(keepdim))
+        axis = None if dim in (None, ()) else dim
+        if axis is not None:
+            normalize_axes(axis, self.ndim, "amax")  # the error names amax
+        return R.Max.apply(self, axis=axis, keepdims=bool(keepdim))
 
     def amin(self, dim=None, keepdim=False):
         """The minimum over one or several axes (all for None or ()), values only."""
-        return R.Min.apply(self, axis=None if dim in (None, ()) else dim, keepdims=bool(keepdim))
+        axis = None if dim in (None, ()) else dim
+        if axis is not None:
+            normalize_axes(axis, self.ndim, "amin")
+        return R.Min.apply(self, axis=axis, keepdims=bool(keepdim))
 
     def _correction(self, dim, unbiased, correction, op):
         """(dim, correction) from PyTorch's spellings: var(dim, unbiased),
