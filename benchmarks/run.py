@@ -292,7 +292,7 @@ import tinygrad_attn as tg
 from tinygrad_attn import nn, functional as F
 imported = time.perf_counter()
 tg.manual_seed(0)
-layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1)
+layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
 head = nn.Linear(32, 11)
 x = tg.randn(4, 10, 32)
 logits = head(layer(x))

@@ -37,7 +37,7 @@ def run_both(fused, composite, arrays, seed=0):
         tg.manual_seed(seed)
         out = fn(*ts)
         outs = out if isinstance(out, tuple) else (out,)
-        total = sum((o * tg.Tensor(np.cos(np.arange(o.size)).reshape(o.shape))).sum() for o in outs)
+        total = sum((o * tg.Tensor(np.cos(np.arange(o.numel())).reshape(o.shape))).sum() for o in outs)
         total.backward()
         results.append(([o.data for o in outs], [t.grad.data if t.grad is not None else None for t in ts]))
     return results
@@ -119,7 +119,15 @@ def test_attention_matches_composite(mask_kind, causal, dropout_p):
     mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
             "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
     kw = dict(attn_mask=mask, is_causal=causal, dropout_p=dropout_p, need_weights=True)
-    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **kw),
+    fused_kw = kw
+    if causal and mask is not None:
+        # PyTorch (and F) refuse attn_mask with is_causal: give F the causal mask folded in.
+        with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"):
+            F.scaled_dot_product_attention(tg.Tensor(q), tg.Tensor(k), tg.Tensor(v), **kw)
+        below = np.tril(np.ones((5, 6), bool))
+        folded = mask & below if mask.dtype == bool else np.where(below, mask, -np.inf)
+        fused_kw = dict(kw, attn_mask=folded, is_causal=False)
+    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **fused_kw),
                 lambda *a: R.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
 
 
@@ -209,7 +217,7 @@ def test_blas_candidates_are_checked_before_use(monkeypatch):
 
 def test_float32_kernels_match_numpy_at_transformer_sizes():
     x = randn(2048, 128, dtype=np.float32, scale=3)
-    np.testing.assert_allclose(F.softmax(tg.Tensor(x)).data, ref.softmax(x.astype(np.float64)),
+    np.testing.assert_allclose(F.softmax(tg.Tensor(x), dim=-1).data, ref.softmax(x.astype(np.float64)),
                                rtol=2e-6, atol=1e-7)
     w, b = randn(128, dtype=np.float32), randn(128, dtype=np.float32)
     np.testing.assert_allclose(F.layer_norm(tg.Tensor(x), 128, tg.Tensor(w), tg.Tensor(b)).data,
@@ -245,12 +253,12 @@ def test_polynomial_exp_is_accurate_to_a_few_ulps(dtype, ulps):
 def test_softmax_is_stable_for_huge_logits_and_keeps_nan():
     x = np.array([[1e4, -1e4, 0.0, 1e4], [-np.inf, 0.0, -np.inf, 1.0], [1.0, np.nan, 2.0, 0.0]],
                  np.float32)
-    y = F.softmax(tg.Tensor(x)).data
+    y = F.softmax(tg.Tensor(x), dim=-1).data
     np.testing.assert_allclose(y[0], [0.5, 0, 0, 0.5])
     assert y[1, 0] == 0 and y[1, 2] == 0  # -inf gives an exact 0
     np.testing.assert_allclose(y[1, [1, 3]], ref.softmax(np.array([0.0, 1.0])), rtol=1e-6)
     assert np.isnan(y[2]).all()
-    logp = F.log_softmax(tg.Tensor(x[:1])).data
+    logp = F.log_softmax(tg.Tensor(x[:1]), dim=-1).data
     np.testing.assert_allclose(logp, [[-np.log(2), -2e4 - np.log(2), -1e4 - np.log(2), -np.log(2)]],
                                rtol=1e-6)
     loss = F.cross_entropy(tg.Tensor(x[:1]), np.array([1]))
@@ -274,7 +282,7 @@ def test_query_with_no_allowed_key_gets_zero_output_and_zero_gradient():
 def test_multihead_attention_query_with_every_key_blocked_gives_the_output_bias():
     from tinygrad_attn import nn
     tg.manual_seed(0)
-    mha = nn.MultiHeadAttention(8, 2)
+    mha = nn.MultiHeadAttention(8, 2, batch_first=True)
     mha.out_proj.bias.data[:] = np.arange(8, dtype=np.float32)
     blocked = np.zeros((3, 3), bool)
     blocked[1] = True  # nn's convention: True = may NOT attend
@@ -369,7 +377,7 @@ def _every_kernel(threads_count):
         q, k, v = (local.standard_normal((8, 4, 48, 32)).astype(np.float32) for _ in range(3))
         results = []
         cases = [
-            lambda t: F.softmax(t[0]),
+            lambda t: F.softmax(t[0], dim=-1),
             lambda t: F.layer_norm(t[0], 96, t[0][0] * 0 + 1.5, None),
             lambda t: F.cross_entropy(t[0], np.arange(16384) % 96, label_smoothing=0.1),
             lambda t: F.dropout(t[0], 0.2),
@@ -454,7 +462,7 @@ def test_bad_inputs_raise_errors_naming_the_op_and_shapes():
     with pytest.raises(tg.ShapeError, match=r"linear.*\(2, 3\).*\(4, 5\)"):
         F.linear(t(2, 3), t(4, 5))
     with pytest.raises(TypeError, match="softmax.*int64"):
-        F.softmax(tg.Tensor(np.arange(3)))
+        F.softmax(tg.Tensor(np.arange(3)), dim=-1)
     with pytest.raises(IndexError, match="softmax"):
         F.softmax(t(2, 3), dim=2)
 

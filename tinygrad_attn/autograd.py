@@ -25,6 +25,7 @@ _anomaly_enabled = False
 
 
 def is_grad_enabled():
+    """Whether ops are recorded for backward now (False inside no_grad())."""
     return _grad_enabled
 
 
@@ -182,10 +183,13 @@ class Function:
 
     @staticmethod
     def forward(ctx, *inputs, **params):
+        """The op on numpy arrays: return the output array; keep what backward
+        needs with ctx.save_for_backward(...) or as attributes of ctx."""
         raise NotImplementedError
 
     @staticmethod
     def backward(ctx, grad_output):
+        """dL/d(each input) from dL/d(output): one array (or None) per input."""
         raise NotImplementedError
 
     @classmethod
@@ -343,13 +347,22 @@ def _gradients_of(inputs, roots, root_grads, retain_graph):
     return [found[id(t)] for t in inputs]
 
 
-def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=False):
-    """Gradients of `outputs` with respect to `inputs`, as a list of Tensors.
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+         allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    """Gradients of `outputs` with respect to `inputs`, as a tuple of Tensors.
 
     Like `torch.autograd.grad`: nothing is accumulated into `.grad`. Inputs
     that the outputs do not depend on give `None` when `allow_unused=True`
-    and an error otherwise.
+    (zeros with materialize_grads=True) and an error otherwise. Not
+    implemented: create_graph=True (gradients are first order only) and
+    is_grads_batched=True (NotImplementedError); only_inputs is ignored, as
+    in PyTorch.
     """
+    for arg, value in (("create_graph", create_graph), ("is_grads_batched", is_grads_batched)):
+        if value:
+            raise NotImplementedError(f"grad: {arg}=True is not implemented (gradients are first "
+                                      "order only, one backward per call)")
+    allow_unused = bool(allow_unused) or materialize_grads
     outputs = [outputs] if isinstance(outputs, _tensor_type) else list(outputs)
     inputs = [inputs] if isinstance(inputs, _tensor_type) else list(inputs)
     if grad_outputs is None:
@@ -357,14 +370,16 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=Fa
     elif isinstance(grad_outputs, _tensor_type):
         grad_outputs = [grad_outputs]
     root_grads = [_root_grad(o, g, "grad") for o, g in zip(outputs, grad_outputs)]
-    found = _gradients_of(inputs, outputs, root_grads, retain_graph)
+    found = _gradients_of(inputs, outputs, root_grads, bool(retain_graph))
     result = []
     for t, g in zip(inputs, found):
         if g is None and not allow_unused:
             raise RuntimeError("grad: one of the inputs was not used to compute the outputs "
                                "(pass allow_unused=True to get None for it)")
+        if g is None and materialize_grads:
+            g = np.zeros(t.shape, dtype=t.dtype)
         result.append(None if g is None else _make_tensor(np.array(g, dtype=t.dtype), False, None))
-    return result
+    return tuple(result)
 
 
 def _root_grad(tensor, gradient, op):

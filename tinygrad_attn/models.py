@@ -132,7 +132,8 @@ class Seq2SeqTransformer(nn.Module):
         if tgt_in.shape[-1] > self.config.max_len:
             raise ShapeError(f"Seq2SeqTransformer: target of length {tgt_in.shape[-1]} is longer "
                              f"than max_len {self.config.max_len}")
-        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory,
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[-1])
+        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory, tgt_mask=causal,
                                      tgt_key_padding_mask=tgt_key_padding_mask,
                                      memory_key_padding_mask=memory_key_padding_mask,
                                      tgt_is_causal=True)
@@ -299,7 +300,8 @@ class GPT(nn.Module):
             raise ShapeError(f"GPT: expected ids (B, T) with 1 <= T <= block_size "
                              f"{self.config.block_size}, got {idx.shape}")
         _check_ids(idx, self.config.vocab_size, "GPT")
-        x = self.transformer(self.pos_emb(self.tok_emb(idx)), is_causal=True)
+        causal = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
+        x = self.transformer(self.pos_emb(self.tok_emb(idx)), mask=causal, is_causal=True)
         return self.lm_head(x)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):

@@ -69,7 +69,8 @@ def training_steps(dtype=np.float32):
     if dtype != np.float32:
         block.to(dtype)
     x = rand(2, 3, 8)
-    (block(x, is_causal=True).sum() + x.gelu(approximate="tanh").sum()).backward()
+    causal = nn.Transformer.generate_square_subsequent_mask(3)
+    (block(x, src_mask=causal, is_causal=True).sum() + x.gelu(approximate="tanh").sum()).backward()
     q = rand(2, 3, 4)
     _, w = F.scaled_dot_product_attention(q, q, q, need_weights=True)
     (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()).backward()
