@@ -126,7 +126,10 @@ class Session:
 
     def init(self, case):
         """Have our worker write the case's shared inputs and weights (once)."""
-        self.workers("ours")[0].ask("init", case=case)
+        ours = self.workers("ours")
+        if not ours:
+            raise WorkerError(f"tinygrad_attn's worker is needed to write the inputs: {self._workers['ours'].error}")
+        ours[0].ask("init", case=case)
 
     def prepare(self, case, workers):
         """Write the case's files and build it in each worker."""
@@ -153,28 +156,42 @@ def describe(worker):
 
 def relative_error(a, b, elementwise=False):
     """max |a - b| / max |b|, or with `elementwise` (losses) the largest |a_i - b_i| / |b_i|."""
-    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+    a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
     if not a.size:
         return 0.0
-    scale = np.abs(b) if elementwise else np.abs(b).max()
-    return float((np.abs(a - b) / np.maximum(scale, 1e-30)).max())
+    if elementwise:
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        return float((np.abs(a - b) / np.maximum(np.abs(b), 1e-30)).max())
+    # In the arrays' own precision (float32 mostly): the difference of two close values is exact.
+    diff = np.abs(np.subtract(a, b, dtype=np.result_type(a, b, np.float32)))
+    return float(diff.max()) / max(float(np.abs(b).max()), 1e-30)
+
+
+def load_check(path):
+    """A worker's check results (name -> array), and the file removed."""
+    with np.load(path) as f:
+        result = {k: f[k] for k in f.files}
+    os.remove(path)
+    return result
 
 
 def compare(case, reference, others):
     """Check `others` (workers) against `reference` on `case`: every value
     present in both must agree (ARRAY_RTOL, LOSS_RTOL for losses), and
     every "?" flag must be True. Returns (largest relative error or None
-    when nothing was comparable, list of problems)."""
-    results = {w.framework: np.load(w.ask("check", case=case)["file"]) for w in [reference, *others]}
+    when no value was compared, number of flags checked, list of problems)."""
+    results = {w.framework: load_check(w.ask("check", case=case)["file"]) for w in [reference, *others]}
     ref = results[reference.framework]
-    worst, problems = None, []
+    worst, flags, problems = None, 0, []
     for name, result in results.items():
-        for key in result.files:
-            if key.endswith("?") and not bool(result[key]):
-                problems.append(f"{name}: {key[:-1]} check failed")
+        for key, value in result.items():
+            if key.endswith("?"):
+                flags += 1
+                if not bool(value):
+                    problems.append(f"{name}: {key[:-1]} check failed")
         if name == reference.framework:
             continue
-        for key in sorted(set(ref.files) & set(result.files) - {k for k in ref.files if k.endswith("?")}):
+        for key in sorted(set(ref) & set(result) - {k for k in ref if k.endswith("?")}):
             a, b = ref[key], result[key]
             if a.size != b.size:
                 problems.append(f"{name}: {key} has shape {b.shape}, {reference.framework} {a.shape}")
@@ -183,7 +200,7 @@ def compare(case, reference, others):
             worst = err if worst is None else max(worst, err)
             if not err <= (C.LOSS_RTOL if key == "losses" else C.ARRAY_RTOL):
                 problems.append(f"{name}: {key} differs from {reference.framework}'s by {err:.1e} (relative)")
-    return worst, problems
+    return worst, flags, problems
 
 
 # ------------------------------------------------------------ timing

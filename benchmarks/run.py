@@ -92,22 +92,25 @@ class Run:
     def _check(self, case, workers):
         if len(workers) < 2:
             return "-", True
-        worst, problems = H.compare(case, workers[0], workers[1:])
+        worst, flags, problems = H.compare(case, workers[0], workers[1:])
         if problems:
             self.problems += [f"{case}: {p}" for p in problems]
             return "DISAGREE", False
-        return ("not compared" if worst is None else f"{worst:.0e}"), True
+        if worst is not None:
+            return f"{worst:.0e}", True
+        return ("checked" if flags else "not compared"), True  # dropout: each its own mask, checked alone
 
 
 def title(text):
     print(f"\n{text}   [load average {os.getloadavg()[0]:.2f}]")
 
 
-def ms(values):
+def ms(values, digits=2):
+    """The median of the rounds' medians and ± half their spread, or "-"."""
     if values is None:
         return f"{'-':>8s} {'':5s}"
     m, spread = H.summary(values)
-    return f"{m:8.2f} {'±' + format(spread / 2, '.0f') + '%':>5s}"
+    return f"{m:8.{digits}f} {'±' + format(spread / 2, '.0f') + '%':>5s}"
 
 
 def ratio(other, ours):
@@ -131,7 +134,7 @@ def kernels_table(run):
                 agree, ok = run.checked(case, workers)
                 t = run.time(case, workers) if ok else {}
                 ours, np_, pt = t.get("ours"), t.get("numpy"), t.get("torch")
-                print(f"{label + suffix:26s} {shape:20s} {ms(ours)} {ms(np_)} {ms(pt)} "
+                print(f"{label + suffix:26s} {shape:20s} {ms(ours, 3)} {ms(np_, 3)} {ms(pt, 3)} "
                       f"{ratio(np_, ours)} {ratio(pt, ours)}  {agree}")
 
 
@@ -142,11 +145,14 @@ def alternating_table(run):
     print(f"{'op':26s} {'op':>7s} {'matmul':>7s} {'apart':>7s} {'alternating':>12s} {'ratio':>6s}")
     repeat = run.args.repeat * 5  # sub-millisecond ops: more calls per round
     for name, key in (("layer_norm kernel", "ln"), ("numpy x * 2 + 1 (control)", "np")):
-        medians = {}
-        for case in (f"alt:{key}", "alt:mm", f"alt:{key}+mm"):
+        trio = (f"alt:{key}", "alt:mm", f"alt:{key}+mm")
+        medians = {case: [] for case in trio}
+        for case in trio:
             run.session.prepare(case, [ours])
-            medians[case] = H.summary(H.alternate(case, [ours], run.args.rounds, repeat, run.args.warmup)["ours"])[0]
-        t_op, t_mm, t_both = medians[f"alt:{key}"], medians["alt:mm"], medians[f"alt:{key}+mm"]
+        for _ in range(run.args.rounds):  # the three in turn, round after round
+            for case in trio:
+                medians[case].append(H.round_median(ours, case, repeat, run.args.warmup))
+        t_op, t_mm, t_both = (H.summary(medians[case])[0] for case in trio)
         print(f"{name:26s} {t_op:7.3f} {t_mm:7.3f} {t_op + t_mm:7.3f} {t_both:12.3f} {t_both / (t_op + t_mm):6.2f}")
 
 
