@@ -318,4 +318,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the workers and the CPU hog are stopped by then
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
