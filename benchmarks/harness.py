@@ -26,9 +26,8 @@ class WorkerError(RuntimeError):
 
 
 def worker_env():
-    """The environment of a worker: this checkout first on the path, and no
-    background compile process (it would compete with the timed steps)."""
-    env = dict(os.environ, TINYGRAD_ATTN_PRECOMPILE="0")
+    """The environment of a worker: this checkout first on the path."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     return env
 

@@ -29,8 +29,13 @@ def info():
     import numba
     get = getattr(tg, "get_num_threads", None) or tg.ops.kernels.get_num_threads
     return {"name": NAME, "versions": f"numpy {np.__version__}, numba {numba.__version__}",
-            "blas": f"{tg.ops.kernels.BLAS_NAME}'s ({baselines.numpy_blas()})",
+            "blas": f"{_blas_name()} ({baselines.numpy_blas()})",
             "threads": f"kernel threads {get()}, numba threads {numba.config.NUMBA_NUM_THREADS}"}
+
+
+def _blas_name():
+    k = tg.ops.kernels
+    return k.blas_name() if hasattr(k, "blas_name") else f"{k.BLAS_NAME}'s"
 
 
 # ------------------------------------------------------------ the models

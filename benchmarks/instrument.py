@@ -11,8 +11,8 @@ Times are exclusive: a region's time minus the time of the regions inside
 it, so an op whose forward launches a kernel counts the kernel under
 "kernels" and only the rest under its own name. Categories:
 
-    blas     MatMul and Linear forward/backward (numpy's BLAS), and the
-             batched_matmul kernel (BLAS called from our threads)
+    blas     forward/backward of the ops in ops/matmul.py (MatMul, Linear),
+             and the matmul kernel's launches (BLAS called from our threads)
     kernels  every other parallel_for launch (softmax, LayerNorm, attention,
              which calls BLAS inside, cross-entropy, dropout, GELU)
     numpy    the rest of the ops' forward/backward bodies (elementwise numpy)
@@ -29,7 +29,7 @@ from tinygrad_attn import autograd
 
 import cases as C
 
-BLAS_OPS = ("MatMul", "Linear")
+BLAS_OPS_MODULE = "tinygrad_attn.ops.matmul"  # MatMul and Linear: their products are BLAS calls
 PHASES = ("zero_grad", "forward", "backward", "clip", "optimizer")
 
 
@@ -88,7 +88,7 @@ class Instrumented:
     def __enter__(self):
         timers = self.timers
         for cls in _function_classes():
-            category = "blas" if cls.__name__ in BLAS_OPS else "numpy"
+            category = "blas" if cls.__module__ == BLAS_OPS_MODULE else "numpy"
             for method in ("forward", "backward"):
                 if method in cls.__dict__ and cls is not autograd.Function:
                     fn = cls.__dict__[method].__func__
@@ -105,8 +105,9 @@ class Instrumented:
         original = kernels.parallel_for
 
         def timed_launch(kernel, n_items, *args, **kwargs):
-            name = getattr(kernel, "__name__", str(kernel))
-            category = "blas" if kernel is kernels.batched_matmul else "kernels"
+            source = getattr(kernel, "py_func", kernel)  # a Numba dispatcher's Python function
+            name = getattr(source, "__name__", str(kernel))
+            category = "blas" if getattr(source, "__module__", "").endswith("kernels.matmul") else "kernels"
             return timers.timed(category, name, original, kernel, n_items, *args, **kwargs)
         for module in [m for name, m in sys.modules.items() if name.startswith("tinygrad_attn") and m]:
             if getattr(module, "parallel_for", None) is original:

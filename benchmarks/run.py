@@ -267,8 +267,7 @@ def startup_table(run):
     env = {k: v for k, v in H.worker_env().items() if k != "PYTHONDONTWRITEBYTECODE"}
     # Python's bytecode cache on, as in an installed package; written now, compiling no kernel
     subprocess.run([sys.executable, "-c", "import tinygrad_attn"], check=True, env=env)
-    title("Start-up of `python -m tinygrad_attn train` (copy task defaults; "
-          "TINYGRAD_ATTN_PRECOMPILE=0): seconds from process start")
+    title("Start-up of `python -m tinygrad_attn train` (copy task defaults): seconds from process start")
     print(f"{'Numba cache':36s} {'import done':>11s} {'first step done':>16s}")
     with tempfile.TemporaryDirectory() as cache:
         if run.args.quick:

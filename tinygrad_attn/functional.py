@@ -9,14 +9,15 @@ those to see the math, and the tests check the fused ones against them.
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention
-from .ops.dropout import Dropout
+from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
+                            check_mask_dtype)
+from .ops.dropout import DropoutOp
 from .ops.loss import CrossEntropy
-from .ops.matmul import Linear
-from .ops.norm import LayerNorm
+from .ops.matmul import LinearOp
+from .ops.norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError
-from .tensor import Tensor
+from .tensor import Tensor, _promote
 
 
 def relu(x):
@@ -36,8 +37,15 @@ def tanh(x):
 
 
 def linear(x, weight, bias=None):
-    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
-    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
+    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch.
+
+    An integer input meets a float weight as in the arithmetic operators: it
+    takes the weight's dtype (PyTorch raises; numpy would give float64)."""
+    x, weight = _promote(x, weight)
+    if bias is None:
+        return LinearOp.apply(x, weight)
+    bias, weight = _promote(bias, weight)
+    return LinearOp.apply(x, weight, bias)
 
 
 def embedding(indices, weight):
@@ -52,12 +60,15 @@ def embedding(indices, weight):
 
 
 def softmax(x, dim=-1):
-    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits)."""
+    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits).
+
+    A -inf entry gets 0; a row of only -inf has no softmax and gives NaN, as in PyTorch."""
     return Softmax.apply(x, axis=dim)
 
 
 def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel)."""
+    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel); -inf stays -inf, and a
+    row of only -inf gives NaN, as in PyTorch."""
     return LogSoftmax.apply(x, axis=dim)
 
 
@@ -72,7 +83,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     dtype = x.dtype if x.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
-    return LayerNorm.apply(x, weight, bias, normalized_ndim=k, eps=eps)
+    return LayerNormOp.apply(x, weight, bias, normalized_ndim=k, eps=eps)
 
 
 def dropout(x, p=0.5, training=True):
@@ -84,7 +95,7 @@ def dropout(x, p=0.5, training=True):
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0:
         return x
-    return Dropout.apply(x, p=p)
+    return DropoutOp.apply(x, p=p)
 
 
 def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
@@ -95,10 +106,19 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
     to `ignore_index` contribute nothing; "mean" divides by the number of the
     others (NaN if there are none, as PyTorch). With label smoothing e the
     loss per element is (1 - e) * (-log p_target) + e * mean_c(-log p_c).
+    A -inf logit (a masked class) has p = 0: the loss stays finite unless it
+    is the target or smoothing gives it weight (then +inf, as PyTorch), and
+    the gradient is finite either way.
     """
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction)
+
+
+def _mask_tensor(attn_mask, op):
+    """attn_mask as a Tensor, its dtype checked first (Tensor() would turn int32 into int64)."""
+    check_mask_dtype(attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask), op)
+    return attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -119,14 +139,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     inputs = (query, key, value)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
                                                         dropout_p=dropout_p)
     if not need_weights:
         return out
     weights = ctx.weights
-    if is_grad_enabled() and any(t.requires_grad for t in inputs if t is not value):
-        qk_mask = (query, key) + inputs[3:]
+    # The weights depend on query, key and the mask, not on value. (Select by
+    # position, not by `t is not value`: in self-attention the same tensor is
+    # all three, and the weights would silently lose their gradient.)
+    qk_mask = (query, key) + inputs[3:]
+    if is_grad_enabled() and any(t.requires_grad for t in qk_mask):
         return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
                                            value_batch=value.shape[:-2])
     return out, Tensor(weights)
@@ -151,7 +174,7 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     """
     inputs = (qkv,)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
     return (out, Tensor(ctx.weights)) if need_weights else out

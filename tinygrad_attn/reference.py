@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .ops.dropout import draw_key, keep_rule
-from .ops.kernels.mathx import uniform_bits_numpy
+from .ops.kernels.random_bits import uniform_bits_numpy
 from .shapes import ShapeError, normalize_axis
 from .tensor import Tensor, where
 

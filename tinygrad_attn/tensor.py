@@ -5,11 +5,13 @@ op in `tinygrad_attn/ops/`, where forward and backward live side by side.
 """
 import numpy as np
 
+from . import autograd
 from .autograd import run_backward, _root_grad
 from .ops import elementwise as E
 from .ops import movement as M
 from .ops import reduce as R
 from .ops.matmul import MatMul
+from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError, normalize_axes, normalize_axis, normalize_new_axis
 
 float32 = np.dtype(np.float32)
@@ -57,13 +59,42 @@ def _to_array(data, dtype):
             arr = np.asarray(data)
         except ValueError as e:
             raise ValueError(f"Tensor: cannot make a tensor from this data: {e}") from None
+        # numpy holds Python ints beyond int64 as objects, uint64 or (mixed with others) floats
+        if dtype is not None and dtype.kind == "f":
+            if arr.dtype.kind == "O":
+                arr = _as_float64(data, arr)
+        elif arr.dtype.kind in "Ou" or (arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any()):
+            _check_python_ints(data)
         if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
             dtype = float32  # Python floats default to float32
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "
                         "(tensors hold floats, integers or booleans)")
     target = dtype if dtype is not None else _canonical_dtype(arr.dtype)
+    if target == int64 and arr.dtype == np.uint64 and arr.size and arr.max() > _INT64_MAX:
+        raise OverflowError(f"Tensor: uint64 value {arr.max()} does not fit in int64, the integer "
+                            f"dtype of tensors (range [-2**63, 2**63 - 1])")
     return arr if arr.dtype == target else arr.astype(target)
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _as_float64(data, arr):
+    """Huge Python ints asked for as floats: convert them (anything else stays an object array)."""
+    try:
+        return np.asarray(data, dtype=float64)
+    except (TypeError, ValueError):
+        return arr
+
+
+def _check_python_ints(data):
+    """Raise OverflowError for a Python int outside int64 in `data` (rare:
+    only called when numpy found values that large)."""
+    for v in np.asarray(data, dtype=object).flat:
+        if isinstance(v, int) and not isinstance(v, bool) and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise OverflowError(f"Tensor: integer {v} does not fit in int64, the integer dtype of "
+                                "tensors (range [-2**63, 2**63 - 1])")
 
 
 def as_tensor_like(x, ref):
@@ -339,15 +370,19 @@ class Tensor:
         return E.Pow.apply(as_tensor_like(a, b), b)
 
     def __matmul__(self, other):
-        return MatMul.apply(self, other)
+        return MatMul.apply(*_promote(self, other))
 
     def __rmatmul__(self, other):
-        return MatMul.apply(other, self)
+        return MatMul.apply(*_promote(other, self))
 
     def __neg__(self):
         return E.Neg.apply(self)
 
     def __getitem__(self, index):
+        if isinstance(index, Tensor):  # tensors in an index are plain arrays to the op
+            index = index.data
+        elif isinstance(index, tuple) and any(isinstance(i, Tensor) for i in index):
+            index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
         return M.GetItem.apply(self, index=index)
 
     add, sub, mul, div, pow, matmul, neg = __add__, __sub__, __mul__, __truediv__, __pow__, __matmul__, __neg__
@@ -427,12 +462,10 @@ class Tensor:
         return E.MaskedFill.apply(self, mask, value=value)
 
     def softmax(self, dim=-1):
-        from . import functional
-        return functional.softmax(self, dim)
+        return Softmax.apply(self, axis=dim)
 
     def log_softmax(self, dim=-1):
-        from . import functional
-        return functional.log_softmax(self, dim)
+        return LogSoftmax.apply(self, axis=dim)
 
     # ------------------------------------------------------------ reductions
     def sum(self, axis=None, keepdims=False, **torch_names):
@@ -457,7 +490,9 @@ class Tensor:
         return R.Var.apply(self, axis=axis, keepdims=keepdims, correction=correction)
 
     def std(self, axis=None, keepdims=False, correction=1, **torch_names):
-        return self.var(axis, keepdims, correction, **torch_names).sqrt()
+        """Standard deviation, sqrt(var) (its gradient is 0 where the input is constant, as PyTorch)."""
+        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "std")
+        return R.Std.apply(self, axis=axis, keepdims=keepdims, correction=correction)
 
     def logsumexp(self, axis=None, keepdims=False, **torch_names):
         axis, keepdims = _reduce_args(axis, keepdims, torch_names, "logsumexp")
@@ -467,12 +502,14 @@ class Tensor:
         axis, keepdims = _reduce_args(axis, keepdims, torch_names, "argmax")
         if axis is not None:
             axis = normalize_axis(axis, self.ndim, "argmax")
+            axis = axis if self.ndim else None  # 0-d: dim 0 is allowed, numpy needs None
         return Tensor(np.argmax(self.data, axis=axis, keepdims=keepdims))
 
     def argmin(self, axis=None, keepdims=False, **torch_names):
         axis, keepdims = _reduce_args(axis, keepdims, torch_names, "argmin")
         if axis is not None:
             axis = normalize_axis(axis, self.ndim, "argmin")
+            axis = axis if self.ndim else None  # 0-d: dim 0 is allowed, numpy needs None
         return Tensor(np.argmin(self.data, axis=axis, keepdims=keepdims))
 
     # -------------------------------------------------------------- movement
@@ -544,12 +581,17 @@ class Tensor:
         smaller) or into the given list of sizes, as torch.split does."""
         axis = normalize_axis(dim, self.ndim, "split")
         n = self.shape[axis]
-        if isinstance(split_size_or_sections, int):
-            if split_size_or_sections <= 0:
-                raise ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
-            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)]
+        if isinstance(split_size_or_sections, (int, np.integer)):
+            size = int(split_size_or_sections)
+            if size < 0 or (size == 0 and n):
+                raise ValueError(f"split: split_size must be positive (0 only for an axis of size 0), "
+                                 f"got {size} for axis {axis} of shape {self.shape}")
+            # an axis of size 0 gives one empty piece, as in PyTorch
+            sizes = [min(size, n - i) for i in range(0, n, size)] if n else [0]
         else:
             sizes = list(split_size_or_sections)
+            if any(not isinstance(s, (int, np.integer)) or s < 0 for s in sizes):
+                raise ValueError(f"split: sizes must be non-negative integers, got {sizes}")
             if sum(sizes) != n:
                 raise ShapeError(f"split: sizes {sizes} do not add up to {n}, the size of axis "
                                  f"{axis} of shape {self.shape}")
@@ -561,10 +603,15 @@ class Tensor:
         return tuple(pieces)
 
     def chunk(self, chunks, dim=0):
-        """Split into `chunks` pieces of equal size (the last may be smaller)."""
+        """Split into `chunks` pieces of equal size (the last may be smaller;
+        there may be fewer pieces, as in PyTorch: 6 in 4 chunks gives 3 of 2)."""
+        if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool) or chunks <= 0:
+            raise ValueError(f"chunk: chunks must be a positive integer, got {chunks!r}")
         axis = normalize_axis(dim, self.ndim, "chunk")
-        size = -(-self.shape[axis] // chunks)
-        return self.split(max(size, 1), dim=axis)
+        n = self.shape[axis]
+        if n == 0:
+            return self.split([0] * int(chunks), dim=axis)  # as PyTorch: `chunks` empty pieces
+        return self.split(-(-n // chunks), dim=axis)
 
 
 # ------------------------------------------------------------- free functions
@@ -602,23 +649,45 @@ def minimum(x, y):
 
 
 def matmul(a, b):
-    return MatMul.apply(a, b)
+    return MatMul.apply(*_promote(a, b))
 
 
-def _shape_args(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_size(size, op, name="size"):
+    """A tensor size (an int or a sequence of ints) as a tuple, or an error
+    naming the op and the argument."""
+    dims = (size,) if _is_int(size) else size
+    if not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
+        raise TypeError(f"{op}: {name} must be an int or a tuple of ints, got {size!r}")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{op}: {name} must not be negative, got {tuple(dims)}")
+    return tuple(int(d) for d in dims)
+
+
+def _shape_args(shape, op):
+    """`f(2, 3)` or `f((2, 3))`, checked."""
+    return _check_size(tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
+                       op)
 
 
 def zeros(*shape, dtype=float32, requires_grad=False):
-    return Tensor(np.zeros(_shape_args(shape), dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+    return Tensor(np.zeros(_shape_args(shape, "zeros"), dtype=_canonical_dtype(dtype)),
+                  requires_grad=requires_grad)
 
 
 def ones(*shape, dtype=float32, requires_grad=False):
-    return Tensor(np.ones(_shape_args(shape), dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+    return Tensor(np.ones(_shape_args(shape, "ones"), dtype=_canonical_dtype(dtype)),
+                  requires_grad=requires_grad)
 
 
 def full(shape, fill_value, dtype=float32, requires_grad=False):
-    return Tensor(np.full(shape, fill_value, dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+    if not isinstance(fill_value, (int, float, bool, np.number, np.bool_)):
+        raise TypeError(f"full: fill_value must be a number, got {fill_value!r}")
+    return Tensor(np.full(_check_size(shape, "full"), fill_value, dtype=_canonical_dtype(dtype)),
+                  requires_grad=requires_grad)
 
 
 def zeros_like(t, dtype=None, requires_grad=False):
@@ -633,6 +702,11 @@ def arange(start, stop=None, step=1, dtype=None):
     """[start, stop) by step: int64 for integer arguments, float32 if any is a float."""
     if stop is None:
         start, stop = 0, start
+    for name, value in (("start", start), ("stop", stop), ("step", step)):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"arange: {name} must be a number, got {value!r}")
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
     data = np.arange(start, stop, step)
     return Tensor(data, dtype=dtype if dtype is not None or data.dtype.kind != "f" else float32)
 
@@ -640,18 +714,25 @@ def arange(start, stop=None, step=1, dtype=None):
 def randn(*shape, dtype=float32, requires_grad=False):
     """Standard normal samples from the generator seeded by `manual_seed`."""
     from .random import get_generator
-    data = get_generator().standard_normal(_shape_args(shape)).astype(_canonical_dtype(dtype))
+    data = get_generator().standard_normal(_shape_args(shape, "randn")).astype(_canonical_dtype(dtype))
     return Tensor(data, requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=float32, requires_grad=False):
     """Uniform samples in [0, 1) from the generator seeded by `manual_seed`."""
     from .random import get_generator
-    data = get_generator().random(_shape_args(shape)).astype(_canonical_dtype(dtype))
+    data = get_generator().random(_shape_args(shape, "rand")).astype(_canonical_dtype(dtype))
     return Tensor(data, requires_grad=requires_grad)
 
 
 def randint(low, high, size, dtype=int64):
+    """Integers drawn uniformly from [low, high), of shape `size`."""
     from .random import get_generator
-    return Tensor(get_generator().integers(low, high, size=size), dtype=dtype)
+    if not _is_int(low) or not _is_int(high):
+        raise TypeError(f"randint: low and high must be integers, got low={low!r}, high={high!r}")
+    if low >= high:
+        raise ValueError(f"randint: low must be less than high, got low={low}, high={high}")
+    return Tensor(get_generator().integers(low, high, size=_check_size(size, "randint")), dtype=dtype)
 
+
+autograd.register_tensor_type(Tensor, Tensor._make, as_tensor_like)  # the engine's graph nodes are Tensors

@@ -16,6 +16,7 @@ from functools import reduce
 import numpy as np
 
 from .. import functional as F
+from ..ops.attention import check_mask_dtype
 from ..shapes import ShapeError
 from ..tensor import Tensor
 from . import init
@@ -26,8 +27,7 @@ from .module import Module, Parameter
 def _mask_array(mask, name):
     """A mask as a numpy array (masks carry no gradient), bool or float."""
     m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-    if m.dtype != np.bool_ and m.dtype.kind != "f":
-        raise TypeError(f"MultiHeadAttention: {name} must be boolean or floating point, got {m.dtype}")
+    check_mask_dtype(m, "MultiHeadAttention", name)
     return m
 
 

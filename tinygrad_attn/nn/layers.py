@@ -17,6 +17,15 @@ def _empty(*shape):
     return Parameter(np.zeros(shape, dtype=np.float32))
 
 
+def _check_sizes(layer, **sizes):
+    """Each size argument of a layer's constructor must be a non-negative int."""
+    for name, value in sizes.items():
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"{layer}: {name} must be an integer, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{layer}: {name} must be a non-negative integer, got {value}")
+
+
 class Identity(Module):
     """y = x."""
 
@@ -33,6 +42,7 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
+        _check_sizes("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = _empty(out_features, in_features)
         self.bias = _empty(out_features) if bias else None
@@ -62,6 +72,7 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
         super().__init__()
+        _check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(f"Embedding: padding_idx {padding_idx} is out of range for "
@@ -101,6 +112,7 @@ class LayerNorm(Module):
         super().__init__()
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
+        _check_sizes("LayerNorm", **{f"normalized_shape[{i}]": n for i, n in enumerate(normalized_shape)})
         self.normalized_shape, self.eps = tuple(normalized_shape), eps
         self.elementwise_affine = elementwise_affine
         self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) if elementwise_affine else None
