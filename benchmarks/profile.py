@@ -31,7 +31,7 @@ def print_ours(p):
     g, phases = p["graph_ms"], p["phases_ms"]
     total = sum(phases.values())
     print(f"  tinygrad_attn: plain step {p['plain_ms']:.2f} ms, instrumented {p['instrumented_ms']:.2f} ms")
-    rows = [("forward+backward: BLAS (MatMul, Linear, batched_matmul)", g["blas"]),
+    rows = [("forward+backward: BLAS (MatMul and Linear ops, matmul kernel)", g["blas"]),
             ("forward+backward: Numba kernels (inside the kernel calls)", g["kernels"]),
             ("forward+backward: numpy in the other ops' forward/backward", g["numpy"]),
             ("forward+backward: engine and Python (the rest)", g["engine"]),
