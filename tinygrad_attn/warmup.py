@@ -74,6 +74,16 @@ def training_steps(dtype=np.float32):
     q = rand(2, 3, 4)
     _, w = F.scaled_dot_product_attention(q, q, q, need_weights=True)
     (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()).backward()
+    optimizer_step(dtype)
+
+
+def optimizer_step(dtype=np.float32):
+    """One fused AdamW step on a throwaway parameter: the optimizer's kernel."""
+    import tinygrad_attn as tg
+    from tinygrad_attn import optim
+    p = tg.Tensor(np.zeros(3, dtype), requires_grad=True)
+    p.grad = tg.Tensor(np.ones(3, dtype))
+    optim.AdamW([p]).step()
 
 
 def signatures_of(step):

@@ -4,6 +4,7 @@ import numbers
 
 import numpy as np
 
+from ..ops.kernels.adam import adam_update
 from .optimizer import Optimizer, _implementation_options
 
 
@@ -23,8 +24,11 @@ class Adam(Optimizer):
     (v) and, with amsgrad, `max_exp_avg_sq`.
 
     Arguments and defaults are torch.optim.Adam's; decoupled_weight_decay=True
-    makes it AdamW. foreach and fused are accepted and change nothing;
-    capturable=True and differentiable=True raise NotImplementedError.
+    makes it AdamW. The update runs as one fused kernel pass over each
+    parameter (ops/kernels/adam.py) unless fused=False, which runs the numpy
+    version written out below, step by step: the two give the same bits.
+    foreach is accepted and changes nothing; capturable=True and
+    differentiable=True raise NotImplementedError.
 
     Example:
         >>> opt = Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
@@ -35,6 +39,7 @@ class Adam(Optimizer):
                  differentiable=False, fused=None, decoupled_weight_decay=False):
         _implementation_options(type(self).__name__, capturable, differentiable)
         self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self.fused = fused is not False
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
@@ -62,8 +67,6 @@ class Adam(Optimizer):
         # Python floats keep float32 parameters float32 (numpy's weak scalars).
         lr, eps, weight_decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
-        if group["maximize"]:
-            grad = -grad
         if not state:
             state["step"] = 0
             state["exp_avg"] = np.zeros_like(p.data)
@@ -72,7 +75,16 @@ class Adam(Optimizer):
                 state["max_exp_avg_sq"] = np.zeros_like(p.data)
         state["step"] += 1
         t = state["step"]
+        arrays = [p.data, grad, state["exp_avg"], state["exp_avg_sq"]] + \
+            ([state["max_exp_avg_sq"]] if group["amsgrad"] else [])
+        if self.fused and all(a.flags.c_contiguous for a in arrays):
+            flat = [a.reshape(-1) for a in arrays]
+            adam_update(*flat[:4], flat[4] if group["amsgrad"] else flat[3], lr, (beta1, beta2), eps,
+                        weight_decay, self.decoupled_weight_decay, group["amsgrad"], group["maximize"], t)
+            return
 
+        if group["maximize"]:
+            grad = -grad
         if weight_decay != 0:
             if self.decoupled_weight_decay:
                 p.data *= 1 - lr * weight_decay  # AdamW: shrink the weights themselves

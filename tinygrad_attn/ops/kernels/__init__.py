@@ -16,6 +16,7 @@ The math:
     attention      attention_forward, attention_backward
     dropout        dropout_apply
     activations    gelu_forward, gelu_backward
+    adam           adam_update (one pass of Adam / AdamW over a parameter)
 The runtime:
     fastmath       fast-math flags and a vectorizable exp
     random_bits    the counter-based random bits of dropout
@@ -34,7 +35,7 @@ from . import numba_cache
 
 numba_cache.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
-from . import activations, attention, cross_entropy, dropout, layernorm, matmul, softmax  # noqa: E402
+from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, softmax  # noqa: E402
 from .activations import gelu_backward, gelu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import library_name as blas_name  # noqa: E402
@@ -46,7 +47,7 @@ from .softmax import softmax_backward, softmax_forward  # noqa: E402
 from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402
 
 # Every compiled loop (warmup.py and the tests walk them).
-KERNELS = (activations._gelu_forward, activations._gelu_backward, attention._attention_forward,
+KERNELS = (activations._gelu_forward, activations._gelu_backward, adam._adam_update, attention._attention_forward,
            attention._attention_backward, cross_entropy._cross_entropy_forward,
            cross_entropy._cross_entropy_backward, dropout._dropout_apply, layernorm._layer_norm_forward,
            layernorm._layer_norm_backward, matmul._matmul, softmax._softmax_forward, softmax._softmax_backward)
