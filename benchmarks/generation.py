@@ -11,6 +11,9 @@ batch 1, three ways:
 
 - nanoGPT's rule, as `GPT.generate` did before the cache: every step runs
   the model on the last block_size ids (reproduced here, `nanogpt_generate`);
+- the same rule, but with the numpy forward the cached path uses
+  (`generation.gpt_step` on a fresh cache at every step): how much of the
+  gain is only numpy instead of Tensor ops;
 - `generate(use_cache=False)`: the windowed rule (a full window restarts from
   its last block_size // 2 ids), the whole window through forward each step;
 - `generate(use_cache=True)` (the default): the same rule, one position per
@@ -43,7 +46,7 @@ if ARGS.threads:  # BLAS reads these when it loads, so before numpy is imported
 import numpy as np  # noqa: E402
 
 import tinygrad_attn as tg  # noqa: E402
-from tinygrad_attn import data  # noqa: E402
+from tinygrad_attn import data, generation  # noqa: E402
 from tinygrad_attn.models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer, _sample  # noqa: E402
 from tinygrad_attn.train.config import TASK_DEFAULTS  # noqa: E402
 
@@ -56,6 +59,17 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature, top_k, rng):
         for _ in range(max_new_tokens):
             logits = model(idx[:, -model.config.block_size:]).data[:, -1].astype(np.float64)
             idx = np.concatenate([idx, _sample(logits, temperature, top_k, rng)[:, None]], axis=1)
+    return idx
+
+
+def nanogpt_numpy_generate(model, idx, max_new_tokens, temperature, top_k, rng):
+    """nanoGPT's rule again, each step's forward run by the cached path's
+    numpy code on a fresh cache (it encodes the whole context at once)."""
+    block = model.config.block_size
+    for _ in range(max_new_tokens):
+        caches = generation.caches_for(model.transformer.layers, len(idx), block, model.tok_emb.weight.dtype)
+        logits = generation.gpt_step(model, idx[:, -block:], caches).astype(np.float64)
+        idx = np.concatenate([idx, _sample(logits, temperature, top_k, rng)[:, None]], axis=1)
     return idx
 
 
@@ -91,17 +105,22 @@ def main():
 
     runs = {"nanoGPT rule, whole context every step": lambda: nanogpt_generate(
                 gpt, prompt, args.length, **settings, rng=np.random.default_rng(args.seed)),
+            "nanoGPT rule, numpy forward of the context": lambda: nanogpt_numpy_generate(
+                gpt, prompt, args.length, **settings, rng=np.random.default_rng(args.seed)),
             "windowed rule, use_cache=False": sample(False),
             "windowed rule, use_cache=True": sample(True)}
     for use_cache in (False, True):  # warm-up: compile or load the kernels, past one window restart
         gpt.generate(prompt, 70, use_cache=use_cache)
     rates, outputs = best_rate(runs, args.length, args.rounds)
     c = gpt.config
-    report(f"charlm GPT ({c.n_layer} blocks, n_embd {c.n_embd}, {c.n_head} heads, block_size {c.block_size}): "
-           f"{args.length} new ids, batch 1, temperature 0.8", "tokens", rates,
+    report(f"charlm GPT ({c.n_layer} blocks, n_embd {c.n_embd}, {c.n_head} heads, block_size "
+           f"{c.block_size}): {args.length} new ids, batch 1, temperature 0.8", "tokens", rates,
            "nanoGPT rule, whole context every step")
-    same = (outputs["windowed rule, use_cache=False"] == outputs["windowed rule, use_cache=True"]).all()
+    names = list(runs)
+    same = (outputs[names[2]] == outputs[names[3]]).all()
     print(f"  same ids with and without the cache: {'yes' if same else 'NO'}")
+    same = (outputs[names[0]] == outputs[names[1]]).all()
+    print(f"  same ids from the Tensor and the numpy forward (nanoGPT rule): {'yes' if same else 'NO'}")
 
     d = TASK_DEFAULTS["copy"]
     task = data.get_task("copy", num_symbols=d["vocab"], length=d["seq_len"])

@@ -321,7 +321,7 @@ class GPT(nn.Module):
         key/value cache per layer, then each step feeds only the new id
         (`tinygrad_attn.generation`). `use_cache=False` runs the whole
         window through `forward` at every step under the same rule: the same
-        ids from the same draws (up to float rounding in the logits), slower.
+        ids from the same draws (the logits agree to float rounding), slower.
         """
         idx = _as_ids(idx, "GPT.generate")
         single = idx.ndim == 1
