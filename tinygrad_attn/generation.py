@@ -23,7 +23,10 @@ the full forward up to float rounding: tests/test_generation.py compares
 logits (float32 and float64) and the generated tokens.
 
 Shapes: B batch, P new positions in this call, S cached positions after it,
-E = d_model, H heads of hd features, V vocabulary.
+E = d_model, H heads of hd features, V vocabulary. Inputs are batch first,
+(B, P, E), whatever the layers' batch_first. Since the layers' forward is
+not called, their hooks do not run and MultiHeadAttention's record_weights
+records nothing here (attention heatmaps come from a forward pass).
 """
 import math
 
