@@ -292,7 +292,7 @@ import tinygrad_attn as tg
 from tinygrad_attn import nn, functional as F
 imported = time.perf_counter()
 tg.manual_seed(0)
-layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1)
+layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
 head = nn.Linear(32, 11)
 x = tg.randn(4, 10, 32)
 logits = head(layer(x))
@@ -300,7 +300,6 @@ loss = F.cross_entropy(logits.reshape(-1, 11), np.arange(40) % 11)
 loss.backward()
 done = time.perf_counter()
 print(f"{imported - start:.2f} {done - start:.2f}", flush=True)
-tg.ops.kernels.precompile.wait()  # a cold start's background compile ends before the next run
 """
 
 
@@ -328,7 +327,7 @@ def startup_table():
 def main():
     print(f"numpy {np.__version__}, torch {torch.__version__ if torch else 'not installed'}, "
           f"{os.cpu_count()} cores, kernel threads {tg.ops.kernels.get_num_threads()}, "
-          f"torch threads {torch.get_num_threads() if torch else '-'}, BLAS {tg.ops.kernels.BLAS_NAME}'s, "
+          f"torch threads {torch.get_num_threads() if torch else '-'}, BLAS {tg.ops.kernels.blas_name()}, "
           f"load average {os.getloadavg()[0]:.2f}")
     tables = {"kernels": kernel_tables, "alternating": alternating_table, "encoder": encoder_layer_table,
               "models": models_table, "startup": startup_table}

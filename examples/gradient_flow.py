@@ -25,8 +25,9 @@ def stream_gradients(norm_first, layers=6, d_model=32, seed=0):
     """Gradient norm of the residual stream entering each layer, bottom first."""
     tg.manual_seed(seed)
     stack = nn.ModuleList([nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=64, dropout=0.0,
-                                                      norm_first=norm_first) for _ in range(layers)])
-    x = tg.randn(2, 10, d_model, requires_grad=True)
+                                                      batch_first=True, norm_first=norm_first)
+                           for _ in range(layers)])
+    x = tg.randn(2, 10, d_model, requires_grad=True)  # (batch, T, d_model)
     readout = tg.randn(2, 10, d_model)  # loss = <h, readout>: a fixed random direction
     norms = [None] * layers
 

@@ -26,7 +26,8 @@ from tinygrad_attn.ops import kernels
 
 # ---- 1. Kernels: one row at a time, over rows [start, stop) -------------------
 # cache=True: compiled once, then loaded from disk in milliseconds.
-# nogil=True: kernels.parallel_for can run ranges of rows on several threads.
+# nogil=True: kernels.parallel_for can run ranges of rows on several threads
+# (item_size= the elements one row is; the thread layer decides how to split).
 # fastmath "reassoc" lets LLVM split a sum over SIMD lanes (a fixed order: still
 # deterministic). Constants are made in x's dtype: `total / n` with an int n,
 # or a Python float literal, would compute in float64 at half the speed.
@@ -82,7 +83,7 @@ class RMSNorm(tg.Function):
         out = np.empty_like(rows)
         inv_rms = np.empty(rows.shape[0], rows.dtype)
         kernels.parallel_for(rms_norm_forward, rows.shape[0], rows, weight, rows.dtype.type(eps),
-                             out, inv_rms, min_items=256)
+                             out, inv_rms, item_size=rows.shape[1])
         ctx.save_for_backward(rows, weight, inv_rms)
         return out.reshape(x.shape)
 
@@ -92,7 +93,7 @@ class RMSNorm(tg.Function):
         g = np.ascontiguousarray(grad, dtype=rows.dtype).reshape(rows.shape)
         dx, dweight_rows = np.empty_like(rows), np.empty_like(rows)
         kernels.parallel_for(rms_norm_backward, rows.shape[0], rows, weight, inv_rms, g, dx,
-                             dweight_rows, min_items=256)
+                             dweight_rows, item_size=rows.shape[1])
         return dx.reshape(grad.shape), dweight_rows.sum(axis=0)
 
 

@@ -133,9 +133,9 @@ def attention_cases(draw, torch_compatible=False, max_side=3):
     """A MultiHeadAttention configuration with inputs and masks.
 
     Masks never block key 0, so no query is left without a key (which would
-    give NaN, in PyTorch as here). With torch_compatible, head_dim is
-    embed_dim // num_heads and is_causal comes with its attn_mask (PyTorch
-    needs both).
+    give NaN, in PyTorch as here). is_causal comes with its attn_mask (the
+    hint needs it, as in PyTorch). With torch_compatible, head_dim is
+    embed_dim // num_heads.
     """
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     H = draw(st.integers(1, 2))
@@ -177,7 +177,7 @@ def attention_cases(draw, torch_compatible=False, max_side=3):
     if mask_kind in ("bool", "float"):
         shape = draw(st.sampled_from([(L, S), (B * H, L, S)]))
         attn_mask = blocking(shape, mask_kind)
-    elif is_causal and torch_compatible:
+    elif is_causal:
         attn_mask = np.triu(np.ones((L, S), dtype=bool), k=1)
     if torch_compatible and kpm is not None and attn_mask is not None and kpm.dtype != attn_mask.dtype:
         # PyTorch deprecates mixing mask types: give both the same one.

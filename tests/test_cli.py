@@ -223,6 +223,253 @@ def test_ctrl_c_during_train_saves_and_exits_130(tmp_path, capsys, monkeypatch):
     assert "interrupted: saved step 2" in stdout and "resume" in stdout
     _, metadata = read_checkpoint(out / "checkpoint.safetensors")
     assert metadata["step"] == "2"
+    # an interrupted run also leaves its metrics and loss curve
+    summary = json.load(open(out / "metrics.json"))
+    assert summary["status"] == "interrupted" and summary["step"] == 2 and len(summary["history"]["train"]) == 2
+    assert (out / "loss.png").stat().st_size > 0
     monkeypatch.setattr(Trainer, "train_step", original)
     status, stdout, _ = run(["resume", str(out), "--no-progress", "--no-plots"], capsys)
     assert status == 0 and "step 6/6" in stdout
+
+
+# --------------------------------------------------------------------------- run directories
+def _step_of(directory):
+    _, metadata = read_checkpoint(directory)
+    return int(metadata["step"])
+
+
+COPY = ["--vocab", "5", "--seq-len", "4"] + TINY
+
+
+def test_train_refuses_a_directory_holding_a_run_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(["train", "--steps", "4", "--eval-every", "2", "--out", str(out)] + COPY, capsys)[0] == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "attention" / "my_figure.png").write_bytes(b"not ours")
+    before = (out / "checkpoint.safetensors").read_bytes()
+    assert_user_error(run(["train", "--steps", "2", "--out", str(out)] + COPY, capsys),
+                      str(out), "already holds a run", "--overwrite")
+    assert (out / "checkpoint.safetensors").read_bytes() == before  # untouched
+
+    status, _, err = run(["train", "--steps", "2", "--out", str(out), "--overwrite", "--no-plots"] + COPY,
+                         capsys)
+    assert status == 0, err
+    assert _step_of(out) == 2
+    # the old run's plots are gone (this run wrote none); the user's files stay
+    assert not (out / "loss.png").exists() and not (out / "attention" / "encoder.0.self_attn.png").exists()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "attention" / "my_figure.png").exists()
+    assert [json.loads(line)["step"] for line in open(out / "metrics.jsonl")
+            if json.loads(line)["type"] == "train"] == [1, 2]
+
+
+def test_resume_writes_into_the_run_it_resumes_whatever_the_current_directory(tmp_path, capsys,
+                                                                               monkeypatch):
+    """A copied run, resumed from elsewhere, does not write over the original."""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    assert run(["train", "--steps", "4", "--eval-every", "2", "--out", "runs/a"] + COPY, capsys)[0] == 0
+    shutil.copytree(tmp_path / "runs" / "a", tmp_path / "copies" / "b")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    status, stdout, err = run(["resume", str(tmp_path / "copies" / "b"), "--steps", "6", "--no-plots",
+                               "--no-progress"], capsys)
+    assert status == 0, err
+    assert _step_of(tmp_path / "copies" / "b") == 6
+    assert _step_of(tmp_path / "runs" / "a") == 4
+    assert not (elsewhere / "runs").exists()
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "copies" / "b" / "metrics.jsonl")
+             if json.loads(line)["type"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]  # the history so far, then the new steps, once each
+
+    # an explicit --out is used, but not to write over another run
+    status, _, err = run(["resume", str(tmp_path / "copies" / "b"), "--steps", "8", "--out",
+                          str(tmp_path / "c"), "--no-plots"], capsys)
+    assert status == 0, err
+    assert _step_of(tmp_path / "c") == 8 and _step_of(tmp_path / "copies" / "b") == 6
+    assert_user_error(run(["resume", str(tmp_path / "c"), "--steps", "9", "--out", str(tmp_path / "runs" / "a")],
+                          capsys), "already holds a run", "--overwrite")
+    assert _step_of(tmp_path / "runs" / "a") == 4
+
+
+def test_a_charlm_run_finds_its_text_from_any_directory_and_resume_text_moves_it(tmp_path, capsys,
+                                                                                monkeypatch, text_file):
+    monkeypatch.chdir(tmp_path)
+    lm = ["--task", "charlm", "--seq-len", "16", "--eval-every", "2", "--no-plots"] + TINY
+    assert run(["train", "--text", "text.txt", "--steps", "2", "--out", "lm"] + lm, capsys)[0] == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    status, _, err = run(["resume", str(tmp_path / "lm"), "--steps", "4", "--no-plots"], capsys)
+    assert status == 0, err  # the stored path does not depend on where the command starts
+
+    moved = tmp_path / "moved.txt"
+    text_file.rename(moved)
+    assert_user_error(run(["resume", str(tmp_path / "lm"), "--steps", "6"], capsys), "not found", "--text")
+    status, _, err = run(["resume", str(tmp_path / "lm"), "--steps", "6", "--text", str(moved), "--no-plots"],
+                         capsys)
+    assert status == 0, err
+    assert _step_of(tmp_path / "lm") == 6
+    changed = tmp_path / "changed.txt"
+    changed.write_text(TEXT.upper(), encoding="utf-8")
+    assert_user_error(run(["resume", str(tmp_path / "lm"), "--steps", "8", "--text", str(changed)], capsys),
+                      "not the text this checkpoint was trained on")
+    copy_run = tmp_path / "copyrun"
+    assert run(["train", "--steps", "2", "--out", str(copy_run), "--no-plots"] + COPY, capsys)[0] == 0
+    assert_user_error(run(["resume", str(copy_run), "--steps", "3", "--text", str(moved)], capsys),
+                      "--text is for charlm")
+
+
+def test_a_diverging_run_stops_with_status_1_and_keeps_its_last_finite_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    status, stdout, err = run(["train", "--lr", "1e6", "--steps", "30", "--eval-every", "1", "--out", str(out),
+                               "--no-plots"] + COPY, capsys)
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "diverged" in lines[0] and "--lr" in lines[0] and "Traceback" not in err
+    arrays, metadata = read_checkpoint(out)
+    kept = int(metadata["step"])
+    assert 1 <= kept < 30 and f"checkpoint of step {kept}" in lines[0]
+    assert all(np.isfinite(a).all() for name, a in arrays.items() if name.startswith("model."))
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert records[-1]["type"] == "diverged" and records[-1]["step"] > kept
+    assert json.load(open(out / "metrics.json"))["status"] == "diverged"
+
+
+def test_validation_happens_before_training_with_option_names(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert_user_error(run(["train", "--vocab", "1", "--out", str(out)] + TINY, capsys), "--vocab 1", "--seq-len")
+    tiny_text = tmp_path / "tiny.txt"
+    tiny_text.write_text("To be, or not to be: that is the question.", encoding="utf-8")
+    assert_user_error(run(["train", "--task", "charlm", "--text", str(tiny_text), "--out", str(out)] + TINY,
+                          capsys), "--seq-len 64", "--text")
+    assert_user_error(run(["train", "--no-bias", "--out", str(out)] + TINY, capsys), "--bias", "charlm")
+    assert not out.exists()  # nothing was started
+
+
+def test_decode_says_which_symbol_is_out_of_range(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(["train", "--steps", "2", "--out", str(out), "--no-plots"] + COPY, capsys)[0] == 0
+    assert_user_error(run(["decode", str(out), "--input", "-1 2"], capsys), "0..4", "got -1")
+    assert_user_error(run(["decode", str(out), "--input", "1 x"], capsys), "integers")
+
+
+def test_help_puts_every_option_in_a_named_group():
+    parser = build_parser()
+    for name, sub in parser.commands.items():
+        loose = [a.option_strings for a in sub._optionals._group_actions if a.option_strings != ["-h", "--help"]]
+        if name in ("train", "resume"):
+            assert loose == [], f"{name}: {loose} outside the option groups"
+
+
+def test_bias_gelu_beta2_and_decay_options_reach_the_run(tmp_path, capsys, text_file):
+    out = tmp_path / "lm"
+    status, stdout, err = run(["train", "--task", "charlm", "--text", str(text_file), "--seq-len", "16",
+                               "--steps", "2", "--no-bias", "--gelu", "tanh", "--beta2", "0.95",
+                               "--no-decay-embeddings", "--out", str(out), "--no-plots"] + TINY, capsys)
+    assert status == 0, err
+    assert "no bias, tanh GELU" in stdout and "beta2 0.95" in stdout
+    _, metadata = read_checkpoint(out)
+    model = json.loads(metadata["model"])
+    config = json.loads(metadata["config"])
+    assert (model["bias"], model["gelu"]) == (False, "tanh")
+    assert (config["beta2"], config["decay_embeddings"]) == (0.95, False)
+
+
+# --------------------------------------------------------------------------- signals and pipes
+def _cli(args, **kwargs):
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "TINYGRAD_ATTN_PRECOMPILE": "0"}
+    return subprocess.Popen([sys.executable, "-m", "tinygrad_attn"] + args, env=env, text=True, **kwargs)
+
+
+def _wait_for(path, process, timeout=120):
+    import time
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def test_sigterm_saves_a_checkpoint_metrics_and_plots_and_exits_143(tmp_path):
+    import signal
+    out = tmp_path / "run"
+    process = _cli(["train", "--steps", "100000", "--eval-every", "2", "--out", str(out)] + COPY,
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(out / "checkpoint.safetensors", process)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    assert stderr.strip().splitlines() == ["python -m tinygrad_attn train: terminated"]  # no traceback
+    assert "terminated (SIGTERM): saved step" in stdout
+    step = _step_of(out)
+    assert step >= 2
+    summary = json.load(open(out / "metrics.json"))
+    assert summary["status"] == "interrupted" and summary["step"] == step
+    assert (out / "loss.png").stat().st_size > 0
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert records[-1] == {"type": "interrupted", "step": step, "by": "terminated (SIGTERM)"}
+    assert [r["step"] for r in records if r["type"] == "train"] == list(range(1, step + 1))
+
+
+def test_closing_the_output_pipe_saves_and_exits_without_a_traceback(tmp_path):
+    out = tmp_path / "run"
+    process = _cli(["train", "--steps", "300", "--eval-every", "1", "--out", str(out), "--no-plots"] + COPY,
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = process.stdout.readline()
+        for line in process.stdout:  # until training has started
+            if line.startswith("step"):
+                break
+        process.stdout.close()  # like `| head`
+        stderr = process.stderr.read()
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    assert first.startswith("task copy")
+    assert process.returncode == 141, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    step = _step_of(out)
+    assert step >= 1 and f"output closed; saved step {step}" in stderr
+
+
+def test_warmup_compiles_the_kernels_of_a_step_with_a_progress_line(capsys):
+    status, stdout, err = run(["warmup", "--dtype", "float32"], capsys)
+    assert status == 0, err
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith("compiling kernels (float32): 0/")
+    assert lines[-1].endswith(")") and "kernel signatures ready in" in lines[-1]
+    assert len(lines) == len(tg.ops.kernels.KERNELS) + 1  # one line per kernel, then the summary
+
+
+def test_threads_option_sets_the_threads_of_kernels_and_blas(tmp_path, capsys):
+    from tinygrad_attn.ops.kernels.threads import _blas
+    before = [c.get_num_threads() for c in _blas.controllers()]
+    try:
+        status, _, err = run(["train", "--task", "copy", "--vocab", "5", "--seq-len", "3", "--steps", "2",
+                              "--eval-every", "2", "--out", str(tmp_path / "run"), "--no-plots", "--threads", "1"]
+                             + TINY, capsys)
+        assert status == 0, err
+        assert tg.get_num_threads() == 1 and all(c.get_num_threads() == 1 for c in _blas.controllers())
+    finally:
+        tg.set_num_threads(None)
+        for c, n in zip(_blas.controllers(), before):
+            c.set_num_threads(n)
+    assert_user_error(run(["train", "--threads", "0"], capsys), "--threads")
+
+
+def test_the_first_run_compiles_its_kernels_up_front_and_says_so(tmp_path):
+    """With an empty kernel cache, `train` compiles its step's kernels before
+    training (a helper process shares the work) and says so; the next run
+    finds them cached and says nothing."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    argv = [sys.executable, "-m", "tinygrad_attn", "train", "--vocab", "5", "--seq-len", "3", "--steps", "2",
+            "--eval-every", "2", "--no-plots", "--overwrite", "--out", str(tmp_path / "run")] + TINY
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert "compiling kernels, first run only" in first and "kernels in" in first
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert "compiling" not in second and "step 2/2" in second

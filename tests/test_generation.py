@@ -90,7 +90,8 @@ def test_cached_encoder_layer_steps_give_the_causal_layer_output(norm_first, act
     layer = randomize(layer).to(dtype).eval()
     x = np.random.default_rng(1).normal(size=(2, 7, 16)).astype(dtype)
     with tg.no_grad():
-        expected = layer(tg.Tensor(x), is_causal=True).data
+        causal = nn.Transformer.generate_square_subsequent_mask(7, dtype=dtype)
+        expected = layer(tg.Tensor(x), src_mask=causal, is_causal=True).data
     cache = generation.KVCache(2, 4, 7, 4, dtype)
     t, outputs = 0, []
     for p in chunks(7, 3):
@@ -103,7 +104,7 @@ def test_cached_encoder_layer_steps_give_the_causal_layer_output(norm_first, act
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cached_seq2seq_steps_give_the_logits_of_the_decoder(norm_first, dtype):
     """Source padding included: a row with padding, and one that is all padding
-    (its cross-attention sees no key, as in MultiHeadAttention)."""
+    (its cross-attention sees no key, as in MultiheadAttention)."""
     model = seq2seq(dtype, norm_first=norm_first)
     src = ids((4, 6), 9, low=3)
     src[1, 3:] = PAD

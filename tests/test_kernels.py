@@ -17,7 +17,7 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import reference as R
 from tinygrad_attn.ops import kernels
-from tinygrad_attn.ops.kernels import mathx, setup, threads
+from tinygrad_attn.ops.kernels import fastmath, numba_cache, random_bits, threads
 
 from . import references as ref
 
@@ -37,7 +37,7 @@ def run_both(fused, composite, arrays, seed=0):
         tg.manual_seed(seed)
         out = fn(*ts)
         outs = out if isinstance(out, tuple) else (out,)
-        total = sum((o * tg.Tensor(np.cos(np.arange(o.size)).reshape(o.shape))).sum() for o in outs)
+        total = sum((o * tg.Tensor(np.cos(np.arange(o.numel())).reshape(o.shape))).sum() for o in outs)
         total.backward()
         results.append(([o.data for o in outs], [t.grad.data if t.grad is not None else None for t in ts]))
     return results
@@ -119,7 +119,15 @@ def test_attention_matches_composite(mask_kind, causal, dropout_p):
     mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
             "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
     kw = dict(attn_mask=mask, is_causal=causal, dropout_p=dropout_p, need_weights=True)
-    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **kw),
+    fused_kw = kw
+    if causal and mask is not None:
+        # PyTorch (and F) refuse attn_mask with is_causal: give F the causal mask folded in.
+        with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"):
+            F.scaled_dot_product_attention(tg.Tensor(q), tg.Tensor(k), tg.Tensor(v), **kw)
+        below = np.tril(np.ones((5, 6), bool))
+        folded = mask & below if mask.dtype == bool else np.where(below, mask, -np.inf)
+        fused_kw = dict(kw, attn_mask=folded, is_causal=False)
+    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **fused_kw),
                 lambda *a: R.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
 
 
@@ -140,7 +148,7 @@ def test_dropout_matches_composite_with_the_same_seed():
 
 
 def test_batched_matmul_reads_transposed_views_in_place():
-    from tinygrad_attn.ops._layout import as_matrices
+    from tinygrad_attn.ops.array_views import as_matrices
     b = randn(3, 4, 7, 6)
     buffer, offsets, ld, transposed = as_matrices(np.swapaxes(b, -1, -2), (2, 3, 4), allow_transposed=True)
     assert transposed and np.shares_memory(buffer, b)  # BLAS reads it transposed: no copy
@@ -167,31 +175,49 @@ def test_batched_matmul_reads_transposed_views_in_place():
         np.testing.assert_allclose(tb.grad.data, gb, rtol=1e-10)
 
 
-def test_gemm_works_with_numpy_and_with_scipy_blas():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype):
+    """numpy's OpenBLAS (64-bit integers) and scipy's (32-bit), on products
+    that are one matrix, a stack, transposed, and large enough to be cut
+    into row blocks, with and without a bias."""
+    from tinygrad_attn.ops.kernels import blas, matmul
+    assert blas.library_name() == "numpy's"  # found on this machine: the fallback is not what runs
+    assert not np.array_equal(blas.library(), blas.library(prefer_numpy=False))
+    cases = [((3, 4, 5), (3, 6, 5), True), ((1, 700, 9), (1, 9, 33), False)]
+    assert matmul.block_rows(700, 33, 9 * 1000) < 700  # the second is cut when k is large
+    for a_shape, b_shape, trans_b in cases + [((1, 700, 9000), (1, 9000, 3), False)]:
+        a, b = randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype)
+        count, m, k = a.shape
+        n = b.shape[1] if trans_b else b.shape[2]
+        bias = randn(n, dtype=dtype)
+        expected = a @ (b.swapaxes(1, 2) if trans_b else b) + bias
+        for prefer_numpy in (True, False):
+            out = np.empty((count, m, n), dtype)
+            offsets = lambda x: np.arange(count, dtype=np.int64) * x[0].size
+            matmul._matmul(blas.library(prefer_numpy), a.reshape(-1), offsets(a), k, False, b.reshape(-1),
+                           offsets(b), b.shape[2], trans_b, m, n, k, matmul.block_rows(m, n, k), bias, out,
+                           0, count * -(-m // matmul.block_rows(m, n, k)))
+            np.testing.assert_allclose(out, expected, rtol=1e-4 if dtype == np.float32 else 1e-10)
+
+
+def test_blas_candidates_are_checked_before_use(monkeypatch):
+    """A BLAS whose sgemm does not multiply correctly (another integer width)
+    is not used: the next candidate, and finally scipy's, is."""
     from tinygrad_attn.ops.kernels import blas
-    a, b = randn(3, 4, 5, dtype=np.float32), randn(3, 6, 5, dtype=np.float32)
-    a_offsets, b_offsets = np.arange(3, dtype=np.int64) * 20, np.arange(3, dtype=np.int64) * 30
-    for library in (blas.BLAS, np.array(blas._scipy_blas(), np.int64)):  # 64- and 32-bit integers
-        out = np.empty((3, 4, 6), np.float32)
-        kernels.batched_matmul(library, a.reshape(-1), a_offsets, 5, False, b.reshape(-1), b_offsets, 5, True,
-                               4, 6, 5, out, 0, 3)
-        np.testing.assert_allclose(out, a @ b.swapaxes(1, 2), rtol=1e-5)
-
-
-def test_freed_memory_is_kept_unless_disabled(monkeypatch):
-    from tinygrad_attn import _memory
-    monkeypatch.setenv("TINYGRAD_ATTN_KEEP_MEMORY", "0")
-    assert _memory.keep_freed_memory() is False
-    monkeypatch.setenv("TINYGRAD_ATTN_KEEP_MEMORY", "1")
-    import platform
-    assert _memory.keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setattr(blas, "_multiplies_correctly", lambda address, ilp64: False)
+    assert blas._numpy_blas() is None
+    blas._choose.cache_clear()
+    try:
+        assert blas.library_name() == "scipy's"
+    finally:
+        blas._choose.cache_clear()
 
 
 # --------------------------------------------- kernels on larger inputs, float32
 
 def test_float32_kernels_match_numpy_at_transformer_sizes():
     x = randn(2048, 128, dtype=np.float32, scale=3)
-    np.testing.assert_allclose(F.softmax(tg.Tensor(x)).data, ref.softmax(x.astype(np.float64)),
+    np.testing.assert_allclose(F.softmax(tg.Tensor(x), dim=-1).data, ref.softmax(x.astype(np.float64)),
                                rtol=2e-6, atol=1e-7)
     w, b = randn(128, dtype=np.float32), randn(128, dtype=np.float32)
     np.testing.assert_allclose(F.layer_norm(tg.Tensor(x), 128, tg.Tensor(w), tg.Tensor(b)).data,
@@ -209,7 +235,7 @@ def test_float32_kernels_match_numpy_at_transformer_sizes():
 @njit(cache=True)
 def _exp_all(x, out):
     for i in range(x.shape[0]):
-        out[i] = mathx.exp(x[i])
+        out[i] = fastmath.exp(x[i])
 
 
 @pytest.mark.parametrize("dtype,ulps", [(np.float32, 2), (np.float64, 2)])
@@ -227,12 +253,12 @@ def test_polynomial_exp_is_accurate_to_a_few_ulps(dtype, ulps):
 def test_softmax_is_stable_for_huge_logits_and_keeps_nan():
     x = np.array([[1e4, -1e4, 0.0, 1e4], [-np.inf, 0.0, -np.inf, 1.0], [1.0, np.nan, 2.0, 0.0]],
                  np.float32)
-    y = F.softmax(tg.Tensor(x)).data
+    y = F.softmax(tg.Tensor(x), dim=-1).data
     np.testing.assert_allclose(y[0], [0.5, 0, 0, 0.5])
     assert y[1, 0] == 0 and y[1, 2] == 0  # -inf gives an exact 0
     np.testing.assert_allclose(y[1, [1, 3]], ref.softmax(np.array([0.0, 1.0])), rtol=1e-6)
     assert np.isnan(y[2]).all()
-    logp = F.log_softmax(tg.Tensor(x[:1])).data
+    logp = F.log_softmax(tg.Tensor(x[:1]), dim=-1).data
     np.testing.assert_allclose(logp, [[-np.log(2), -2e4 - np.log(2), -1e4 - np.log(2), -np.log(2)]],
                                rtol=1e-6)
     loss = F.cross_entropy(tg.Tensor(x[:1]), np.array([1]))
@@ -256,7 +282,7 @@ def test_query_with_no_allowed_key_gets_zero_output_and_zero_gradient():
 def test_multihead_attention_query_with_every_key_blocked_gives_the_output_bias():
     from tinygrad_attn import nn
     tg.manual_seed(0)
-    mha = nn.MultiHeadAttention(8, 2)
+    mha = nn.MultiHeadAttention(8, 2, batch_first=True)
     mha.out_proj.bias.data[:] = np.arange(8, dtype=np.float32)
     blocked = np.zeros((3, 3), bool)
     blocked[1] = True  # nn's convention: True = may NOT attend
@@ -333,10 +359,10 @@ def test_dropout_mask_is_the_documented_hash():
     x = np.ones(1000, np.float32)
     out = np.empty_like(x)
     threshold = np.uint32(round(p * 2**32))
-    kernels.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out, 0, x.size)
+    kernels.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out)
     np.testing.assert_array_equal(out != 0, ref.dropout_keep(x.shape, p, key))
     indices = np.arange(1000)
-    np.testing.assert_array_equal(mathx.uniform_bits_numpy(key, indices), ref.random_bits(key, indices))
+    np.testing.assert_array_equal(random_bits.uniform_bits_numpy(key, indices), ref.random_bits(key, indices))
 
 
 # -------------------------------------------------------------- determinism
@@ -351,7 +377,7 @@ def _every_kernel(threads_count):
         q, k, v = (local.standard_normal((8, 4, 48, 32)).astype(np.float32) for _ in range(3))
         results = []
         cases = [
-            lambda t: F.softmax(t[0]),
+            lambda t: F.softmax(t[0], dim=-1),
             lambda t: F.layer_norm(t[0], 96, t[0][0] * 0 + 1.5, None),
             lambda t: F.cross_entropy(t[0], np.arange(16384) % 96, label_smoothing=0.1),
             lambda t: F.dropout(t[0], 0.2),
@@ -401,15 +427,12 @@ def _float64_variables(func, signature):
 def test_float32_kernels_compute_in_float32():
     from numba import types
 
-    from tinygrad_attn.ops.kernels import reductions as Rd
+    from tinygrad_attn.ops.kernels import cross_entropy
     _every_kernel(threads.get_num_threads())  # gives each kernel its float32 signature
     f32 = types.float32
-    helpers = {mathx._exp32: (f32,), Rd.row_sums: (types.Array(f32, 1, "C"),)}
+    helpers = {fastmath._exp32: (f32,), cross_entropy.row_sums: (types.Array(f32, 1, "C"),)}
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
-    for name in ("softmax_forward", "softmax_backward", "layer_norm_forward", "layer_norm_backward",
-                 "cross_entropy_forward", "cross_entropy_backward", "dropout_apply", "attention_forward",
-                 "attention_backward", "batched_matmul", "gelu_forward", "gelu_backward"):
-        kernel = getattr(kernels, name)
+    for kernel in kernels.KERNELS:
         sig = next(s for s in kernel.signatures if any(getattr(t, "dtype", None) == types.float32 for t in s))
         checked.append((kernel.py_func, sig))
     for func, sig in checked:
@@ -439,7 +462,7 @@ def test_bad_inputs_raise_errors_naming_the_op_and_shapes():
     with pytest.raises(tg.ShapeError, match=r"linear.*\(2, 3\).*\(4, 5\)"):
         F.linear(t(2, 3), t(4, 5))
     with pytest.raises(TypeError, match="softmax.*int64"):
-        F.softmax(tg.Tensor(np.arange(3)))
+        F.softmax(tg.Tensor(np.arange(3)), dim=-1)
     with pytest.raises(IndexError, match="softmax"):
         F.softmax(t(2, 3), dim=2)
 
@@ -448,13 +471,13 @@ def test_bad_inputs_raise_errors_naming_the_op_and_shapes():
 
 def test_cache_goes_elsewhere_when_the_package_directory_is_read_only(monkeypatch, tmp_path):
     package = str(tmp_path / "kernels")
-    assert setup.choose_cache_dir(package) is None  # writable: numba's own __pycache__
+    assert numba_cache.choose_cache_dir(package) is None  # writable: numba's own __pycache__
     writable = {str(tmp_path / "home" / ".cache" / "tinygrad_attn" / "numba")}
-    monkeypatch.setattr(setup, "_is_writable", lambda d: d in writable)
+    monkeypatch.setattr(numba_cache, "_is_writable", lambda d: d in writable)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert setup.choose_cache_dir(package) == next(iter(writable))
-    monkeypatch.setattr(setup, "_is_writable", lambda d: False)
-    assert setup.choose_cache_dir(package) is None
+    assert numba_cache.choose_cache_dir(package) == next(iter(writable))
+    monkeypatch.setattr(numba_cache, "_is_writable", lambda d: False)
+    assert numba_cache.choose_cache_dir(package) is None
 
 
 def test_parallel_for_covers_every_item_once_and_reraises_errors():
@@ -462,26 +485,30 @@ def test_parallel_for_covers_every_item_once_and_reraises_errors():
 
     def kernel(out, start, stop):
         out[start:stop] += 1
-    threads.parallel_for(kernel, 1000, seen, min_items=10)
+    threads.parallel_for(kernel, 1000, seen, item_size=threads.GRAIN)
     assert (seen == 1).all()
     calls = []
-    threads.parallel_for(lambda start, stop: calls.append((start, stop)), 50, min_items=100)
+    threads.parallel_for(lambda start, stop: calls.append((start, stop)), 50, item_size=100)
     assert calls == [(0, 50)]  # too little work to wake a thread
+    calls.clear()
+    threads.parallel_for(lambda start, stop: calls.append((start, stop)), 50, item_size=threads.GRAIN)
+    assert sorted(calls) == [(50 * t // len(calls), 50 * (t + 1) // len(calls)) for t in range(len(calls))]
+    assert len(calls) == min(50, 4 * threads.get_num_threads())  # at most four ranges per thread
 
     def failing(start, stop):
         if start > 0:
             raise RuntimeError("boom")
     with pytest.raises(RuntimeError, match="boom"):
-        threads.parallel_for(failing, 1000, min_items=1)
+        threads.parallel_for(failing, 1000, item_size=threads.GRAIN)
 
 
-@given(st.integers(1, 300), st.integers(1, 5))
-def test_parallel_for_splits_any_size(n, min_items):
+@given(st.integers(0, 300), st.sampled_from([1, 1000, threads.GRAIN]))
+def test_parallel_for_splits_any_size(n, item_size):
     seen = np.zeros(n, int)
 
     def kernel(out, start, stop):
         out[start:stop] += 1
-    threads.parallel_for(kernel, n, seen, min_items=min_items)
+    threads.parallel_for(kernel, n, seen, item_size=item_size)
     assert (seen == 1).all()
 
 

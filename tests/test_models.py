@@ -54,6 +54,21 @@ def test_gpt_feed_forward_width_defaults_to_four_times_the_embedding():
     assert GPTConfig(vocab_size=5, n_embd=24).dim_feedforward == 96
 
 
+def test_gpt_gelu_option_and_configs_saved_before_it():
+    from tinygrad_attn.models import gelu_tanh
+    x = tg.tensor(np.linspace(-3, 3, 7))
+    exact, tanh = small_gpt(), small_gpt(gelu="tanh")
+    assert exact.transformer.layers[0].activation(x).data.tolist() == F.gelu(x).data.tolist()
+    assert tanh.transformer.layers[0].activation is gelu_tanh
+    np.testing.assert_allclose(gelu_tanh(x).data, F.gelu(x, approximate="tanh").data)
+    assert not np.allclose(gelu_tanh(x).data, F.gelu(x).data, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="gelu must be one of exact, tanh"):
+        GPTConfig(vocab_size=5, gelu="fast")
+    old = json.loads(GPTConfig(vocab_size=5).to_json())
+    del old["gelu"]
+    assert GPTConfig.from_json(json.dumps(old)).gelu == "exact"  # what older checkpoints used
+
+
 # --------------------------------------------------------------------------- seq2seq
 def test_seq2seq_logits_shape_and_every_parameter_gets_a_gradient():
     model = small_seq2seq()

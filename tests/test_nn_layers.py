@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinygrad_attn as tg
+from tinygrad_attn import functional as F
 from tinygrad_attn import nn
 
 from .nn_helpers import (attention_cases, layer_norm_ref, mha_reference, module_gradcheck,
@@ -182,7 +183,7 @@ def test_seeds_example_eight_heads_of_three_on_two_tokens():
     tg.manual_seed(0)
     mha = nn.MultiHeadAttention(embed_dim=4, num_heads=8, head_dim=3).double()
     for p in mha.parameters():  # non-zero biases too, so every term is exercised
-        p.data[...] = np.random.default_rng(p.size).normal(size=p.shape)
+        p.data[...] = np.random.default_rng(p.numel()).normal(size=p.shape)
     x = np.random.default_rng(1).normal(size=(2, 4))
     assert mha.in_proj_weight.shape == (72, 4) and mha.out_proj.weight.shape == (4, 24)
 
@@ -220,31 +221,44 @@ def test_seeds_example_eight_heads_of_three_on_two_tokens():
 
 def test_attention_weights_sum_to_one_and_respect_masks():
     tg.manual_seed(0)
-    mha = nn.MultiHeadAttention(6, 3)
+    mha = nn.MultiHeadAttention(6, 3, batch_first=True)
     x = tg.randn(2, 4, 6)
     kpm = np.array([[False, False, False, True], [False, True, True, True]])
     _, w = mha(x, x, x, key_padding_mask=kpm, need_weights=True, average_attn_weights=False)
     assert w.shape == (2, 3, 4, 4)
     np.testing.assert_allclose(w.data.sum(-1), 1, rtol=1e-6)
     assert (w.data[0, :, :, 3] == 0).all() and (w.data[1, :, :, 1:] == 0).all()
-    _, w = mha(x, x, x, is_causal=True, need_weights=True)
+    causal = nn.Transformer.generate_square_subsequent_mask(4)
+    _, w = mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=True)
     assert w.shape == (2, 4, 4)
     np.testing.assert_array_equal(w.data[np.broadcast_to(np.triu(np.ones((4, 4), bool), 1), w.shape)], 0)
-    # A causal attn_mask, bool or float, gives the same result as is_causal.
-    causal = nn.Transformer.generate_square_subsequent_mask(4)
+    # The causal attn_mask, bool or float, gives the same result with or without the hint,
+    # and the hint alone (with need_weights=False) builds the same causal mask.
+    out, _ = mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)
     for mask in (causal, np.isinf(causal.data)):
-        _, w2 = mha(x, x, x, attn_mask=mask, need_weights=True)
+        out2, w2 = mha(x, x, x, attn_mask=mask, need_weights=True)
         np.testing.assert_allclose(w2.data, w.data, rtol=1e-6)
+        np.testing.assert_allclose(out2.data, out.data, rtol=1e-5, atol=1e-6)
+
+
+def test_is_causal_is_a_hint_that_needs_attn_mask_as_in_pytorch():
+    mha = nn.MultiheadAttention(4, 2)
+    x = tg.randn(3, 2, 4)
+    with pytest.raises(RuntimeError, match="is_causal=True .* needs attn_mask"):
+        mha(x, x, x, is_causal=True)
+    layer = nn.TransformerEncoderLayer(4, 2, 8)
+    with pytest.raises(RuntimeError, match="needs attn_mask"):
+        layer(x, is_causal=True)
 
 
 def test_record_weights_keeps_the_last_per_head_weights():
     tg.manual_seed(0)
-    mha = nn.MultiHeadAttention(4, 2)
+    mha = nn.MultiHeadAttention(4, 2, batch_first=True)
     x = tg.randn(1, 3, 4)
     mha(x, x, x)
     assert mha.last_attn_weights is None  # off by default
     mha.record_weights = True
-    out, w = mha(x, x, x)
+    out, w = mha(x, x, x, need_weights=False)
     assert w is None  # recording does not change what forward returns
     _, per_head = mha(x, x, x, need_weights=True, average_attn_weights=False)
     assert isinstance(mha.last_attn_weights, np.ndarray) and mha.last_attn_weights.shape == (1, 2, 3, 3)
@@ -280,7 +294,8 @@ def test_self_attention_packed_and_unpacked_paths_agree(monkeypatch, masks, drop
     x_data, g = rng.normal(size=shape), rng.normal(size=shape)
     kwargs = {
         "none": {},
-        "padding+causal": dict(key_padding_mask=np.arange(T) >= np.array([[T], [T - 2]]), is_causal=True),
+        "padding+causal": dict(key_padding_mask=np.arange(T) >= np.array([[T], [T - 2]]),
+                               attn_mask=np.triu(np.ones((T, T), bool), 1), is_causal=True),
         "float attn_mask": dict(attn_mask=rng.normal(size=(T, T))),
         "per-head bool attn_mask": dict(attn_mask=rng.random((H, T, T)) > 0.7),
     }[masks]
@@ -294,10 +309,10 @@ def test_self_attention_packed_and_unpacked_paths_agree(monkeypatch, masks, drop
         x = t64(x_data)
         tg.manual_seed(1)  # the same dropout mask on both paths
         if packed:
-            out, _ = mha(x, x, x, **kwargs)
+            out, _ = mha(x, x, x, need_weights=False, **kwargs)
         else:
             y = x + 0  # the same values, another tensor: three projections
-            out, _ = mha(x, y, y, **kwargs)
+            out, _ = mha(x, y, y, need_weights=False, **kwargs)
         out.backward(g)
         return [out.data, x.grad.data, mha.last_attn_weights] + [p.grad.data for p in mha.parameters()]
 
@@ -308,11 +323,11 @@ def test_self_attention_packed_and_unpacked_paths_agree(monkeypatch, masks, drop
 
 
 def test_attention_errors_name_the_layer_and_shapes():
-    mha = nn.MultiHeadAttention(4, 2)
+    mha = nn.MultiHeadAttention(4, 2, batch_first=True)
     x = tg.zeros(2, 3, 4)
-    with pytest.raises(tg.ShapeError, match=r"MultiHeadAttention.*\(2, 3, 5\)"):
+    with pytest.raises(tg.ShapeError, match=r"MultiheadAttention.*\(2, 3, 5\)"):
         mha(tg.zeros(2, 3, 5), x, x)
-    with pytest.raises(tg.ShapeError, match="MultiHeadAttention: key and value"):
+    with pytest.raises(tg.ShapeError, match="MultiheadAttention: key and value"):
         mha(x, x, tg.zeros(2, 2, 4))
     with pytest.raises(tg.ShapeError, match="batch sizes"):
         mha(x, tg.zeros(1, 3, 4), tg.zeros(1, 3, 4))
@@ -388,9 +403,10 @@ def _encoder_layer_reference(layer, x, kpm):
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_layer_matches_the_reference(norm_first):
     tg.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(6, 2, dim_feedforward=8, dropout=0.0, norm_first=norm_first).double()
+    layer = nn.TransformerEncoderLayer(6, 2, dim_feedforward=8, dropout=0.0, batch_first=True,
+                                       norm_first=norm_first).double()
     for p in layer.parameters():
-        p.data[...] += np.random.default_rng(p.size).normal(scale=0.3, size=p.shape)
+        p.data[...] += np.random.default_rng(p.numel()).normal(scale=0.3, size=p.shape)
     x = np.random.default_rng(0).normal(size=(2, 3, 6))
     kpm = np.array([[False, False, True], [False, False, False]])
     out = layer(t64(x), src_key_padding_mask=kpm)
@@ -407,7 +423,7 @@ def _small_masks(L, S):
 def test_encoder_layer_gradcheck(activation, norm_first, masked):
     tg.manual_seed(0)
     layer = nn.TransformerEncoderLayer(4, 2, dim_feedforward=6, dropout=0.0, activation=activation,
-                                       norm_first=norm_first)
+                                       batch_first=True, norm_first=norm_first)
     x = t64(np.random.default_rng(0).normal(size=(2, 3, 4)))
     kpm, causal = _small_masks(3, 3)
     kwargs = dict(src_mask=causal, src_key_padding_mask=kpm) if masked else {}
@@ -419,11 +435,11 @@ def test_encoder_layer_gradcheck(activation, norm_first, masked):
 def test_decoder_layer_gradcheck(activation, norm_first, masked):
     tg.manual_seed(0)
     layer = nn.TransformerDecoderLayer(4, 2, dim_feedforward=6, dropout=0.0, activation=activation,
-                                       norm_first=norm_first)
+                                       batch_first=True, norm_first=norm_first)
     rng = np.random.default_rng(0)
     tgt, memory = t64(rng.normal(size=(2, 3, 4))), t64(rng.normal(size=(2, 2, 4)))
-    kpm, _ = _small_masks(3, 2)
-    kwargs = dict(tgt_is_causal=True, memory_key_padding_mask=kpm,
+    kpm, causal = _small_masks(3, 2)
+    kwargs = dict(tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=kpm,
                   memory_mask=np.array([[0.0, -1.0]] * 3)) if masked else {}
     assert module_gradcheck(layer, [tgt, memory], forward=lambda m, t, mem: m(t, mem, **kwargs))
 
@@ -433,10 +449,11 @@ def test_encoder_and_decoder_stacks_gradcheck():
     encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(2, 2, 3, dropout=0.0), 2, nn.LayerNorm(2))
     decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(2, 2, 3, dropout=0.0), 2)
     rng = np.random.default_rng(1)
-    src, tgt = rng.normal(size=(1, 3, 2)), rng.normal(size=(1, 2, 2))
-    assert module_gradcheck(encoder, [t64(src)], forward=lambda m, x: m(x, is_causal=True))
+    src, tgt = rng.normal(size=(3, 1, 2)), rng.normal(size=(2, 1, 2))  # (T, B, d_model)
+    causal = nn.Transformer.generate_square_subsequent_mask
+    assert module_gradcheck(encoder, [t64(src)], forward=lambda m, x: m(x, mask=causal(3), is_causal=True))
     assert module_gradcheck(decoder, [t64(tgt), t64(src)],
-                            forward=lambda m, t, mem: m(t, mem, tgt_is_causal=True))
+                            forward=lambda m, t, mem: m(t, mem, tgt_mask=causal(2), tgt_is_causal=True))
 
 
 def test_stacks_deep_copy_the_layer():
@@ -455,7 +472,7 @@ def test_stacks_deep_copy_the_layer():
 def test_transformer_gradcheck_and_shapes():
     tg.manual_seed(0)
     model = nn.Transformer(d_model=2, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                           dim_feedforward=3, dropout=0.0)
+                           dim_feedforward=3, dropout=0.0, batch_first=True)
     rng = np.random.default_rng(2)
     src, tgt = t64(rng.normal(size=(1, 3, 2))), t64(rng.normal(size=(1, 2, 2)))
     tgt_mask = nn.Transformer.generate_square_subsequent_mask(2, dtype=np.float64)
@@ -478,16 +495,18 @@ def test_transformer_defaults_are_the_papers():
     assert layer.self_attn.embed_dim == 512 and layer.self_attn.num_heads == 8
     assert layer.linear1.weight.shape == (2048, 512) and layer.dropout.p == 0.1
     assert isinstance(model.encoder.norm, nn.LayerNorm) and isinstance(model.decoder.norm, nn.LayerNorm)
+    assert not model.batch_first and not layer.self_attn.batch_first  # (T, B, d_model), as PyTorch
+    assert layer.activation is F.relu and layer.norm1.eps == 1e-5 and not layer.norm_first
     mask = nn.Transformer.generate_square_subsequent_mask(3).data
     np.testing.assert_array_equal(mask, [[0, -np.inf, -np.inf], [0, 0, -np.inf], [0, 0, 0]])
 
 
 def test_batch_first_false_and_unbatched_inputs_agree():
     tg.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0)
+    layer = nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, batch_first=True)
     x = tg.randn(2, 3, 4)
     out = layer(x)
-    layer_tb = nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, batch_first=False)
+    layer_tb = nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0)  # batch_first=False by default
     layer_tb.load_state_dict(layer.state_dict())
     out_tb = layer_tb(x.swapaxes(0, 1)).swapaxes(0, 1)
     np.testing.assert_allclose(out_tb.data, out.data, rtol=1e-5, atol=1e-6)

@@ -193,7 +193,7 @@ def test_repr_is_a_readable_tree():
         "  )\n"
         ")")
     text = repr(nn.MultiHeadAttention(4, 8, head_dim=3))
-    assert text.startswith("MultiHeadAttention(\n  embed_dim=4, num_heads=8, head_dim=3")
+    assert text.startswith("MultiheadAttention(\n  embed_dim=4, num_heads=8, head_dim=3")
     assert "(out_proj): Linear(in_features=24, out_features=4, bias=True)" in text
     assert repr(nn.Parameter(np.zeros(2, np.float32))).startswith("Parameter containing:\ntensor(")
 

@@ -195,10 +195,7 @@ def test_sequential_of_activations_dropout_and_plain_layer_norms(dtype, directio
 def run_attention(self_attention):
     def run(m, *xs, **masks):
         q, k, v = (xs * 3) if self_attention else xs
-        masks = dict(dict(need_weights=False), **masks)  # PyTorch's default is True, ours False
-        if isinstance(m, torch.nn.Module) and masks.get("is_causal") and masks.get("attn_mask") is None:
-            masks["attn_mask"] = torch.from_numpy(causal(q.shape[-2]))  # PyTorch needs the mask too
-        out, weights = m(q, k, v, **masks)
+        out, weights = m(q, k, v, **masks)  # the same call for both: need_weights=True by default
         return out if weights is None else (out, weights)
     return run
 
@@ -217,9 +214,10 @@ ATTENTION_CASES = {  # name: (constructor arguments, self-attention?, masks(L, S
         attn_mask=np.random.default_rng(1).random((L, S)) < 0.3 * (np.arange(S) > 0))),
     "MHA float attn_mask (B*H, L, S) + float padding": (dict(), False, lambda L, S: dict(
         attn_mask=normal(2 * 2, L, S), key_padding_mask=np.where(padding(2, S), -np.inf, 0.0))),
-    "MHA is_causal (no mask passed to ours)": (dict(), True, lambda L, S: dict(is_causal=True)),
-    "MHA is_causal + key_padding_mask": (dict(), True, lambda L, S: dict(
-        is_causal=True, key_padding_mask=padding(2, L))),
+    "MHA is_causal hint + causal attn_mask": (dict(), True, lambda L, S: dict(
+        is_causal=True, attn_mask=causal(L), need_weights=False)),
+    "MHA is_causal + attn_mask + key_padding_mask": (dict(), True, lambda L, S: dict(
+        is_causal=True, attn_mask=causal(L), key_padding_mask=padding(2, L))),
     "MHA need_weights averaged": (dict(), False, lambda L, S: dict(need_weights=True)),
     "MHA need_weights per head + masks": (dict(kdim=3, vdim=3), False, lambda L, S: dict(
         need_weights=True, average_attn_weights=False, key_padding_mask=padding(2, S))),

@@ -19,7 +19,7 @@ from scipy.special import erf
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import Function
-from tinygrad_attn.ops.dropout import Dropout
+from tinygrad_attn.ops.dropout import DropoutOp
 
 from . import references as ref
 from .strategies import arrays, broadcast_shapes, shapes
@@ -254,7 +254,7 @@ def dropout_case(draw):
     x = draw(arrays(draw(shapes())))
     p = draw(st.sampled_from([0.2, 0.5, 0.9, 1.0]))
     seed = draw(st.integers(0, 2**32 - 1))
-    return Case(lambda t: Dropout.apply(t, p=p, seed=seed), lambda a: ref.dropout(a, p, seed), (x,))
+    return Case(lambda t: DropoutOp.apply(t, p=p, seed=seed), lambda a: ref.dropout(a, p, seed), (x,))
 
 
 @st.composite
@@ -318,6 +318,7 @@ def attention_case(draw):
 @st.composite
 def attention_weights_case(draw):
     q, k, v, mask, causal, scale = draw(attention_inputs())
+    causal = causal and mask is None  # F, as PyTorch, refuses an attn_mask with is_causal
 
     def fn(q, k):
         value = tg.Tensor(v.astype(q.dtype))
@@ -365,6 +366,10 @@ def _np_var(a, axis=None, keepdims=False):
         np.full(np.var(a, axis=axis, keepdims=keepdims).shape, np.nan)
 
 
+def _np_std(a, axis=None, keepdims=False):
+    return np.sqrt(_np_var(a, axis=axis, keepdims=keepdims))
+
+
 def _np_logsumexp(a, axis=None, keepdims=False):
     from scipy.special import logsumexp
     return logsumexp(a, axis=axis, keepdims=keepdims)
@@ -398,6 +403,7 @@ CASES = {
     "Max": [reduction("max", np.max)],
     "Min": [reduction("min", np.min)],
     "Var": [reduction("var", _np_var, min_side=2)],
+    "Std": [reduction("std", _np_std, min_side=2)],
     "LogSumExp": [reduction("logsumexp", _np_logsumexp)],
     "Reshape": [reshape_case()],
     "Permute": [permute_case()],
@@ -406,11 +412,11 @@ CASES = {
     "Cat": [cat_case()],
     "Stack": [stack_case()],
     "MatMul": [matmul_case()],
-    "Linear": [linear_case()],
+    "LinearOp": [linear_case()],
     "Softmax": [softmax_case(log=False)],
     "LogSoftmax": [softmax_case(log=True)],
-    "LayerNorm": [layer_norm_case()],
-    "Dropout": [dropout_case()],
+    "LayerNormOp": [layer_norm_case()],
+    "DropoutOp": [dropout_case()],
     "CrossEntropy": [cross_entropy_case()],
     "ScaledDotProductAttention": [attention_case()],
     "AttentionWeights": [attention_weights_case()],

@@ -399,7 +399,6 @@ def test_flatten_state_dict_round_trip_and_prefix():
     (lambda p: SGD(p, lr=0.1, weight_decay=-1), "invalid weight_decay"),
     (lambda p: SGD(p, lr=0.1, nesterov=True), "Nesterov"),
     (lambda p: SGD(p, lr=0.1, momentum=0.9, dampening=0.1, nesterov=True), "Nesterov"),
-    (lambda p: SGD(p), "required hyper-parameter 'lr'"),
     (lambda p: Adam(p, lr=-1e-3), "invalid lr"),
     (lambda p: Adam(p, betas=(1.0, 0.999)), "beta parameter at index 0"),
     (lambda p: Adam(p, betas=(0.9, -0.1)), "beta parameter at index 1"),
@@ -410,6 +409,23 @@ def test_flatten_state_dict_round_trip_and_prefix():
 def test_bad_hyperparameters(make, match):
     with pytest.raises(ValueError, match=match):
         make([param()])
+
+
+def test_pytorch_defaults_and_options():
+    """torch 2.x's SGD defaults to lr=1e-3; Adam(decoupled_weight_decay=True)
+    is AdamW; foreach/fused change nothing; capturable/differentiable raise."""
+    assert SGD([param()]).param_groups[0]["lr"] == 1e-3
+    a, b = param(), param()
+    for p in (a, b):
+        p.grad = tg.Tensor(np.full(p.shape, 0.5, p.dtype))
+    Adam([a], lr=0.1, weight_decay=0.5, decoupled_weight_decay=True, foreach=True).step()
+    AdamW([b], lr=0.1, weight_decay=0.5, fused=False).step()
+    np.testing.assert_array_equal(a.data, b.data)
+    for make, arg in ((lambda p: SGD(p, differentiable=True), "differentiable"),
+                      (lambda p: Adam(p, capturable=True), "capturable"),
+                      (lambda p: AdamW(p, differentiable=True), "differentiable")):
+        with pytest.raises(NotImplementedError, match=f"{arg}=True is not implemented"):
+            make([param()])
 
 
 def test_bad_hyperparameter_in_a_group():

@@ -26,7 +26,7 @@ def test_numpy_arrays_keep_float_dtypes_and_ints_become_int64():
 
 def test_nested_lists_and_scalars():
     t = Tensor([[1, 2, 3], [4, 5, 6]], dtype="float32")
-    assert t.shape == (2, 3) and t.ndim == 2 and t.size == 6 and len(t) == 2
+    assert t.shape == (2, 3) and t.ndim == 2 and t.numel() == 6 and len(t) == 2
     assert Tensor(3.0).shape == () and Tensor(3.0).item() == 3.0
 
 

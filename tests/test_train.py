@@ -56,7 +56,7 @@ def test_the_copy_task_is_learned(tmp_path):
                          out=str(tmp_path / "copy"))
     trainer = quiet(config)
     trainer.fit()
-    losses = [loss for _, loss, _ in trainer.history["train"]]
+    losses = [row[1] for row in trainer.history["train"]]
     assert np.mean(losses[:10]) > 2.0 and np.mean(losses[-20:]) < 0.02
     metrics = trainer.job.final_evaluate()
     assert metrics["exact_match"] >= 0.99
@@ -281,3 +281,202 @@ def test_progress_bar_shows_step_loss_lr_and_throughput(tmp_path, monkeypatch):
         assert re.search(rf" {step}/4 .*loss \d+\.\d{{4}} \| lr \d\.\d\de-\d\d \| [\d,]+ tok/s", bar), bar
     assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
     assert "tok/s" in sys.stderr.getvalue()
+
+
+# --------------------------------------------------------------------------- run directories
+def test_a_fresh_run_refuses_a_directory_holding_a_run(tmp_path):
+    from tinygrad_attn.train import RunExistsError
+    quiet(tiny(tmp_path, steps=3)).fit()
+    again = quiet(tiny(tmp_path, steps=4))
+    with pytest.raises(RunExistsError, match="already holds a run .*--overwrite"):
+        again.fit()
+    assert read_checkpoint(tmp_path / "run")[1]["step"] == "3"
+    replaced = quiet(tiny(tmp_path, steps=4), overwrite=True)
+    replaced.fit()
+    assert read_checkpoint(tmp_path / "run")[1]["step"] == "4"
+
+
+def test_metrics_jsonl_is_written_as_the_run_goes(tmp_path):
+    seen = []
+
+    def last_record(trainer):
+        with open(os.path.join(trainer.config.out, "metrics.jsonl")) as f:
+            seen.append(json.loads(f.readlines()[-1]))
+
+    trainer = quiet(tiny(tmp_path, steps=4, eval_every=2))
+    trainer.fit(callbacks=[last_record])
+    assert [(r["type"], r["step"]) for r in seen] == [("train", s) for s in (1, 2, 3, 4)]  # each at once
+    trainer.report(plots=False)
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [(r["type"], r["step"]) for r in records] == [
+        ("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4), ("eval", 4), ("final", 4)]
+    for r, row in zip([r for r in records if r["type"] == "train"], trainer.history["train"]):
+        assert [r["step"], r["loss"], r["lr"], r["grad_norm"]] == row
+        assert r["grad_norm"] > 0
+    assert set(records[2]) == {"type", "step", "val_loss", "exact_match"}
+    summary = json.load(open(tmp_path / "run" / "metrics.json"))
+    assert summary["status"] == "done" and summary["final"] == {k: v for k, v in records[-1].items()
+                                                                 if k not in ("type", "step")}
+
+
+def test_a_diverging_step_is_not_applied_and_non_finite_weights_are_never_saved(tmp_path):
+    from tinygrad_attn.train import TrainingDiverged
+    trainer = quiet(tiny(tmp_path, steps=6, eval_every=2))
+    original = trainer.job.loss
+
+    def nan_at_step_4(batch):
+        loss = original(batch)
+        return loss * float("nan") if trainer.step == 3 else loss
+
+    trainer.job.loss = nan_at_step_4
+    weights = []
+    with pytest.raises(TrainingDiverged, match="diverged at step 4.*checkpoint of step 2"):
+        trainer.fit(callbacks=[lambda t: weights.append(parameters(t))])
+    assert trainer.step == 3
+    for a, b in zip(weights[-1], parameters(trainer)):  # step 4 changed nothing
+        np.testing.assert_array_equal(a, b)
+    assert read_checkpoint(trainer.checkpoint_path)[1]["step"] == "2"
+    next(iter(trainer.model.parameters())).data[0] = np.inf
+    with pytest.raises(TrainingDiverged, match="not finite"):
+        trainer.save_checkpoint()
+    assert read_checkpoint(trainer.checkpoint_path)[1]["step"] == "2"
+
+
+def test_sigterm_during_fit_saves_like_ctrl_c(tmp_path):
+    from tinygrad_attn.train import Terminated
+
+    def kill_at_step_3(trainer):
+        if trainer.step == 3:
+            signal.raise_signal(signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    trainer = quiet(tiny(tmp_path))
+    with pytest.raises(Terminated):
+        trainer.fit(callbacks=[kill_at_step_3])
+    assert read_checkpoint(trainer.checkpoint_path)[1]["step"] == "3"
+    assert signal.getsignal(signal.SIGTERM) == previous  # restored after fit
+    assert json.load(open(tmp_path / "run" / "metrics.json"))["status"] == "interrupted"
+
+
+def test_a_sigterm_during_the_update_waits_for_its_end(tmp_path):
+    from tinygrad_attn.train.trainer import Terminated, _sigterm_as_interrupt
+    done = []
+    with pytest.raises(Terminated):
+        with _sigterm_as_interrupt():
+            with _interrupts_deferred():
+                signal.raise_signal(signal.SIGTERM)
+                done.append("the rest of the update ran")
+    assert done == ["the rest of the update ran"]
+
+
+def test_sequences_longer_than_the_default_positional_table(tmp_path):
+    """--seq-len 255 used to fail at the final (greedy) evaluation, 256 at
+    step 1: the model's table is now sized for the task."""
+    from tinygrad_attn.train.jobs import make_job
+    for seq_len in (255, 256, 300):
+        job = make_job(tiny(tmp_path, seq_len=seq_len, vocab=3, eval_size=1).resolved())
+        # greedy decoding produces up to seq_len + 1 tokens and needs max_len beyond that
+        assert job.model.config.max_len > job.held_out.tgt_out.shape[1]
+    assert np.isfinite(job.loss(job.train_batch(1)).item())
+
+
+# --------------------------------------------------------------------------- nanoGPT's options
+def test_charlm_decays_the_position_table_as_nanogpt():
+    tg.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_embd=8))
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = weight_decay_groups(model, 0.1, decay_embeddings=True)
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decayed == {n for n, p in model.named_parameters() if p.ndim >= 2}  # nanoGPT: every 2-D param
+    assert "pos_emb.weight" in decayed
+    assert all(names[id(p)].endswith(("bias", "weight")) and p.ndim == 1 for p in no_decay["params"])
+    assert TrainConfig(task="charlm", text="x.txt").resolved().decay_embeddings
+    assert not TrainConfig().resolved().decay_embeddings
+
+
+def test_beta2_bias_and_gelu_reach_the_optimizer_and_model(tmp_path):
+    trainer = quiet(tiny(tmp_path, "charlm", beta2=0.95, bias=False, gelu="tanh"))
+    assert all(g["betas"] == (0.9, 0.95) for g in trainer.optimizer.param_groups)
+    assert (trainer.model.config.bias, trainer.model.config.gelu) == (False, "tanh")
+    assert not any(name.endswith("bias") for name, _ in trainer.model.named_parameters())
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    assert "pos_emb.weight" in {names[id(p)] for p in trainer.optimizer.param_groups[0]["params"]}
+    for bad, message in [(dict(gelu="fast"), "--gelu"), (dict(beta2=1.0), "--beta2")]:
+        with pytest.raises(ConfigError, match=message):
+            tiny(tmp_path, "charlm", **bad).resolved()
+
+
+def _as_old_checkpoint(path):
+    """Rewrite a checkpoint as the first format wrote it: no bias / gelu /
+    beta2 / decay_embeddings settings, no gelu in the model config, a
+    history without gradient norms."""
+    arrays, metadata = tg.load(path, with_metadata=True)
+    config = json.loads(metadata["config"])
+    for name in ("bias", "gelu", "beta2", "decay_embeddings"):
+        del config[name]
+    model = json.loads(metadata["model"])
+    model.pop("gelu", None)
+    metadata.update(config=json.dumps(config), model=json.dumps(model))
+    arrays["history.train"] = arrays["history.train"][:, :3]
+    tg.save(arrays, path, metadata=metadata)
+
+
+@pytest.mark.parametrize("task", ["copy", "charlm"])
+def test_checkpoints_of_the_first_format_still_load_and_resume(tmp_path, task):
+    from tinygrad_attn.train import load_run
+    trainer = quiet(tiny(tmp_path, task, steps=4, eval_every=2, weight_decay=0.1, decay_embeddings=False))
+    trainer.fit(until=2)
+    _as_old_checkpoint(trainer.checkpoint_path)
+    resumed = Trainer.from_checkpoint(tmp_path / "run", progress=False, log=lambda line: None)
+    assert not resumed.config.decay_embeddings  # as those runs were trained (minGPT's rule)
+    assert resumed.config.beta2 == 0.99 and resumed.history["train"][0][3] is None
+    resumed.fit()
+    assert resumed.step == 4
+    model, meta = load_run(tmp_path / "run")
+    assert meta.step == 4 and not model.training
+
+
+# --------------------------------------------------------------------------- plots
+def test_the_loss_figure_shows_the_learning_rate_and_gradient_norm(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tinygrad_attn.train.plots import loss_figure
+    trainer = quiet(tiny(tmp_path, steps=4, eval_every=2))
+    trainer.fit()
+    fig = loss_figure(trainer.history)
+    by_label = {ax.get_ylabel(): ax for ax in fig.axes}
+    lr_line = by_label["learning rate"].get_lines()[0]
+    np.testing.assert_allclose(lr_line.get_ydata(), [row[2] for row in trainer.history["train"]])
+    norm_line = by_label["grad norm"].get_lines()[0]
+    np.testing.assert_allclose(norm_line.get_ydata(), [row[3] for row in trainer.history["train"]])
+
+
+def test_charlm_heatmaps_have_few_upright_single_glyph_labels(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tinygrad_attn.train.plots import heatmap_figure
+    trainer = quiet(tiny(tmp_path, "charlm"))
+    name, weights, keys, queries, title = trainer.job.attention_example()[0]
+    assert len(keys) <= 16 and all(len(k) == 1 for k in keys)  # "\n" and " " drawn as one glyph
+    fig = heatmap_figure(weights, keys, queries, title)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) >= 2
+    for ax in panels:
+        labels = ax.get_xticklabels()
+        assert [t.get_text() for t in labels] == keys
+        assert all(t.get_rotation() == 0 and t.get_fontsize() >= 10 for t in labels)
+
+
+def test_docs_describe_every_field_of_the_metrics_files(tmp_path):
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    trainer = quiet(tiny(tmp_path, steps=3, eval_every=1))
+    trainer.fit()
+    trainer.report(plots=False)
+    names = set()
+    for line in open(tmp_path / "run" / "metrics.jsonl"):
+        record = json.loads(line)
+        names |= set(record) | {record["type"]}
+    summary = json.load(open(tmp_path / "run" / "metrics.json"))
+    names |= set(summary) | set(summary["history"]) | {summary["status"]}
+    names |= {"interrupted", "diverged", "by"}  # the records of a stopped run
+    missing = sorted(n for n in names if f"`{n}`" not in docs and f'"{n}"' not in docs)
+    assert missing == []

@@ -6,11 +6,11 @@ to explain Transformers on a CPU.
     (x * x).sum().backward()
     x.grad  # tensor([[2., 4.]])
 """
-from . import _memory
 from . import functional, nn, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
 from .checkpoint import CheckpointError, load, save
+from .ops.kernels.threads import get_num_threads, set_num_threads
 from .gradcheck import GradcheckError, gradcheck
 from .random import get_generator, manual_seed
 from .shapes import ShapeError
@@ -18,8 +18,6 @@ from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, 
                      matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
                      tensor, where, zeros, zeros_like)
 from . import data, optim  # noqa: F401  (after Tensor: they build on it)
-
-_memory.keep_freed_memory()
 
 __version__ = "0.1.0"
 
@@ -30,5 +28,5 @@ __all__ = [
     "save", "load", "CheckpointError",
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
-    "float32", "float64", "int64", "bool_",
+    "float32", "float64", "int64", "bool_", "set_num_threads", "get_num_threads",
 ]

@@ -25,6 +25,7 @@ _anomaly_enabled = False
 
 
 def is_grad_enabled():
+    """Whether ops are recorded for backward now (False inside no_grad())."""
     return _grad_enabled
 
 
@@ -93,6 +94,25 @@ def _check_finite(array, what):
         raise AnomalyError(f"{what} produced {kind} (shape {array.shape})")
 
 
+# ------------------------------------------------------- the tensor type
+
+# The engine builds graph nodes of one tensor type, which registers itself
+# (tensor.py, at import): the class, a fast constructor make(data,
+# requires_grad, ctx), and constant(x, like), which wraps a Python number or
+# array met among an op's inputs. Registering keeps the engine below Tensor:
+# it never imports tensor.py. Nodes have .data, .requires_grad, .grad,
+# ._ctx, ._hooks and ._retains_grad.
+_tensor_type = None
+_make_tensor = None
+_constant = None
+
+
+def register_tensor_type(tensor_type, make, constant):
+    """Tell the engine which class its nodes are and how to make them."""
+    global _tensor_type, _make_tensor, _constant
+    _tensor_type, _make_tensor, _constant = tensor_type, make, constant
+
+
 # ------------------------------------------------------- Function and Context
 
 class Context:
@@ -115,13 +135,17 @@ class Context:
     def save_for_backward(self, *arrays):
         self._saved = arrays
 
-    @property
-    def saved_tensors(self):
+    def check_not_freed(self):
+        """Raise a clear error if backward already ran through this op and freed it."""
         if self._freed:
             raise RuntimeError(
                 f"{self.fn.__name__}: trying to backward through the graph a second time; its saved "
                 "arrays were freed after the first backward. Pass retain_graph=True to the first "
                 "backward() if you need to call it twice.")
+
+    @property
+    def saved_tensors(self):
+        self.check_not_freed()
         return self._saved
 
     def release(self):
@@ -159,10 +183,13 @@ class Function:
 
     @staticmethod
     def forward(ctx, *inputs, **params):
+        """The op on numpy arrays: return the output array; keep what backward
+        needs with ctx.save_for_backward(...) or as attributes of ctx."""
         raise NotImplementedError
 
     @staticmethod
     def backward(ctx, grad_output):
+        """dL/d(each input) from dL/d(output): one array (or None) per input."""
         raise NotImplementedError
 
     @classmethod
@@ -174,15 +201,14 @@ class Function:
     def apply_with_ctx(cls, *inputs, **params):
         """Like `apply`, but also return the `Context` (ops that expose extra
         results, such as attention weights, keep them on it)."""
-        from .tensor import Tensor, as_tensor_like
-        ref = next((x for x in inputs if isinstance(x, Tensor)), None)
-        parents = tuple(x if isinstance(x, Tensor) else as_tensor_like(x, ref) for x in inputs)
+        ref = next((x for x in inputs if isinstance(x, _tensor_type)), None)
+        parents = tuple(x if isinstance(x, _tensor_type) else _constant(x, ref) for x in inputs)
         ctx = Context(cls, parents)
         data = cls.forward(ctx, *[p.data for p in parents], **params)
         if _anomaly_enabled:
             _check_finite(data, f"{cls.__name__} (forward)")
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
-        out = Tensor._make(data, requires_grad, ctx if requires_grad else None)
+        out = _make_tensor(data, requires_grad, ctx if requires_grad else None)
         return out, ctx
 
 
@@ -228,94 +254,132 @@ def _owned_copy(g, dtype, shared):
     return np.array(g, dtype=dtype, copy=True)
 
 
-def run_backward(roots, root_grads, retain_graph=False, capture=None):
-    """Backpropagate `root_grads` from `roots` through the recorded graph.
+def _hook_gradient(hook, grad, new):
+    """A hook's result replaces the gradient, so, as in PyTorch, it must keep
+    the gradient's shape (the tensor's): anything else would be stored as a
+    wrong-shaped .grad or fail later inside some op's backward."""
+    if new.shape != grad.shape:
+        name = getattr(hook, "__qualname__", None) or repr(hook)
+        raise RuntimeError(f"hook {name!r} has changed the size of the gradient: it returned shape "
+                           f"{new.shape} for a tensor of shape {grad.shape}")
+    return new
 
-    With `capture` (a list of tensors) the gradients of those tensors are
-    returned and no `.grad` is touched (that is `tinygrad_attn.grad`);
-    otherwise gradients accumulate into the `.grad` of leaves and of tensors
-    that called `retain_grad()`, as `Tensor.backward` does.
-    """
-    from .tensor import Tensor
+
+def _apply_hooks(node, g, shared):
+    """The gradient of `node` after its hooks (each may return a replacement)."""
+    for hook in node._hooks or ():
+        new = hook(_make_tensor(g, False, None))
+        if new is not None:
+            new = new.data if isinstance(new, _tensor_type) else np.asarray(new, dtype=g.dtype)
+            g = _hook_gradient(hook, g, new)
+            shared.add(id(g))
+    return g
+
+
+def _input_gradients(ctx, g):
+    """Run the op's backward on g; yield (input, its gradient) for the inputs
+    that need one, each summed back to the input's shape and cast to its dtype."""
+    in_grads = ctx.fn.backward(ctx, g)
+    if not isinstance(in_grads, tuple):
+        in_grads = (in_grads,)
+    if len(in_grads) != len(ctx.parents):
+        raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(in_grads)} gradients "
+                           f"for {len(ctx.parents)} inputs")
+    for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
+        if not needs or pg is None:
+            continue
+        pg = np.asarray(pg)
+        if pg.shape != parent.shape:
+            pg = unbroadcast(pg, parent.shape)
+        if pg.dtype != parent.dtype:
+            pg = pg.astype(parent.dtype)
+        if _anomaly_enabled:
+            _check_finite(pg, f"{ctx.fn.__name__} (backward)")
+        yield parent, pg
+
+
+def _walk(roots, root_grads, retain_graph, shared):
+    """The backward walk: yield (tensor, dL/dtensor) from the roots back to the
+    leaves, each tensor once, with its gradient complete and its hooks applied.
+    After the consumer has seen a tensor, its op's backward runs and adds to
+    its inputs' gradients; unless retain_graph, the op is then freed."""
     grads = {}
     for r, g in zip(roots, root_grads):
         _accumulate(grads, id(r), g)
-    captured = {id(t): None for t in capture} if capture is not None else None
-    # Arrays that something else may hold: the caller's starting gradients,
-    # hook results, and arrays already stored as some tensor's .grad. A
-    # gradient can become a .grad without a copy only if it is none of these.
-    shared = {id(g) for g in root_grads}
-
     for node in reversed(_topological_order(roots)):
         g = grads.pop(id(node), None)
         if g is None:
             continue
-        for hook in node._hooks or ():
-            new = hook(Tensor._make(g, False, None))
-            if new is not None:
-                g = new.data if isinstance(new, Tensor) else np.asarray(new, dtype=g.dtype)
-                shared.add(id(g))
-        if captured is not None:
-            if id(node) in captured:
-                captured[id(node)] = g
-        elif node._ctx is None or node._retains_grad:
-            if node.grad is None:
-                node.grad = Tensor._make(_owned_copy(g, node.dtype, shared), False, None)
-            else:
-                node.grad.data += g
-
+        g = _apply_hooks(node, g, shared)
+        yield node, g
         ctx = node._ctx
         if ctx is None:
             continue
-        ctx.saved_tensors  # raises a clear error if this graph was already freed
-        in_grads = ctx.fn.backward(ctx, g)
-        if not isinstance(in_grads, tuple):
-            in_grads = (in_grads,)
-        if len(in_grads) != len(ctx.parents):
-            raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(in_grads)} gradients "
-                               f"for {len(ctx.parents)} inputs")
-        for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
-            if not needs or pg is None:
-                continue
-            pg = np.asarray(pg)
-            if pg.shape != parent.shape:
-                pg = unbroadcast(pg, parent.shape)
-            if pg.dtype != parent.dtype:
-                pg = pg.astype(parent.dtype)
-            if _anomaly_enabled:
-                _check_finite(pg, f"{ctx.fn.__name__} (backward)")
+        ctx.check_not_freed()
+        for parent, pg in _input_gradients(ctx, g):
             _accumulate(grads, id(parent), pg)
         if not retain_graph:
             ctx.release()
 
-    if captured is not None:
-        return [captured[id(t)] for t in capture]
-    return None
+
+def run_backward(roots, root_grads, retain_graph=False):
+    """Backpropagate `root_grads` from `roots` (Tensor.backward): gradients
+    accumulate into the `.grad` of leaves and of tensors that called
+    `retain_grad()`."""
+    # Arrays that something else may hold: the caller's starting gradients,
+    # hook results, and arrays already stored as some tensor's .grad. A
+    # gradient can become a .grad without a copy only if it is none of these.
+    shared = {id(g) for g in root_grads}
+    for node, g in _walk(roots, root_grads, retain_graph, shared):
+        if node._ctx is None or node._retains_grad:
+            if node.grad is None:
+                node.grad = _make_tensor(_owned_copy(g, node.dtype, shared), False, None)
+            else:
+                node.grad.data += g
 
 
-def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=False):
-    """Gradients of `outputs` with respect to `inputs`, as a list of Tensors.
+def _gradients_of(inputs, roots, root_grads, retain_graph):
+    """The gradients of `inputs` (None where no gradient reaches one); no `.grad` is touched."""
+    found = {id(t): None for t in inputs}
+    for node, g in _walk(roots, root_grads, retain_graph, set()):
+        if id(node) in found:
+            found[id(node)] = g
+    return [found[id(t)] for t in inputs]
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+         allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    """Gradients of `outputs` with respect to `inputs`, as a tuple of Tensors.
 
     Like `torch.autograd.grad`: nothing is accumulated into `.grad`. Inputs
     that the outputs do not depend on give `None` when `allow_unused=True`
-    and an error otherwise.
+    (zeros with materialize_grads=True) and an error otherwise. Not
+    implemented: create_graph=True (gradients are first order only) and
+    is_grads_batched=True (NotImplementedError); only_inputs is ignored, as
+    in PyTorch.
     """
-    from .tensor import Tensor
-    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
-    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    for arg, value in (("create_graph", create_graph), ("is_grads_batched", is_grads_batched)):
+        if value:
+            raise NotImplementedError(f"grad: {arg}=True is not implemented (gradients are first "
+                                      "order only, one backward per call)")
+    allow_unused = bool(allow_unused) or materialize_grads
+    outputs = [outputs] if isinstance(outputs, _tensor_type) else list(outputs)
+    inputs = [inputs] if isinstance(inputs, _tensor_type) else list(inputs)
     if grad_outputs is None:
         grad_outputs = [None] * len(outputs)
-    elif isinstance(grad_outputs, Tensor):
+    elif isinstance(grad_outputs, _tensor_type):
         grad_outputs = [grad_outputs]
     root_grads = [_root_grad(o, g, "grad") for o, g in zip(outputs, grad_outputs)]
-    found = run_backward(outputs, root_grads, retain_graph, capture=inputs)
+    found = _gradients_of(inputs, outputs, root_grads, bool(retain_graph))
     result = []
     for t, g in zip(inputs, found):
         if g is None and not allow_unused:
             raise RuntimeError("grad: one of the inputs was not used to compute the outputs "
                                "(pass allow_unused=True to get None for it)")
-        result.append(None if g is None else Tensor._make(np.array(g, dtype=t.dtype), False, None))
-    return result
+        if g is None and materialize_grads:
+            g = np.zeros(t.shape, dtype=t.dtype)
+        result.append(None if g is None else _make_tensor(np.array(g, dtype=t.dtype), False, None))
+    return tuple(result)
 
 
 def _root_grad(tensor, gradient, op):
@@ -324,11 +388,11 @@ def _root_grad(tensor, gradient, op):
         raise RuntimeError(f"{op}: the tensor does not require grad and has no graph "
                            "(was it computed under no_grad(), or from inputs without requires_grad?)")
     if gradient is None:
-        if tensor.size != 1:
+        if tensor.data.size != 1:
             raise RuntimeError(f"{op}: backward() without a gradient needs a tensor with one element, "
                                f"got shape {tensor.shape}; pass gradient= of that shape")
         return np.ones(tensor.shape, dtype=tensor.dtype)
-    g = gradient.data if hasattr(gradient, "_ctx") else np.asarray(gradient)
+    g = gradient.data if isinstance(gradient, _tensor_type) else np.asarray(gradient)
     if g.shape != tensor.shape:
         raise RuntimeError(f"{op}: gradient has shape {g.shape} but the tensor has shape {tensor.shape}")
     return g.astype(tensor.dtype, copy=False)

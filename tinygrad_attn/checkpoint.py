@@ -9,16 +9,25 @@ anything else with a safetensors reader can open ours.
     tg.save(model.state_dict(), "model.safetensors", metadata={"config": json.dumps(cfg)})
     state, meta = tg.load("model.safetensors", with_metadata=True)
     model.load_state_dict(state)
+
+`load` also reads PyTorch's half-precision files: BF16 and F16 tensors come
+back as float32 (exactly: every bfloat16 and float16 value is a float32).
 """
 import json
+import math
 import os
+import re
 import secrets
 
 import numpy as np
-from safetensors.numpy import load as _safetensors_load
 from safetensors.numpy import save as _safetensors_save
 
 from .tensor import Tensor
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): no advisory locks
+    fcntl = None
 
 
 class CheckpointError(ValueError):
@@ -55,22 +64,98 @@ def save(state_dict, path, metadata=None):
 
     The bytes go to a temporary file in the same directory, which is synced
     and then renamed over `path` in one step (os.replace): a crash or an
-    error mid-save leaves any earlier file at `path` intact.
+    error mid-save leaves any earlier file at `path` intact. A save killed
+    before the rename (SIGKILL, power loss) leaves its temporary file; the
+    next save to `path` removes it.
     """
     payload = _safetensors_save(_to_arrays(state_dict), metadata=_check_metadata(metadata))
     path = os.fspath(path)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    directory, name = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"save: cannot write {path}: the directory {directory} does not exist")
+    _remove_stale_temp_files(directory, name)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
+            _lock_while_writing(f)
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # including KeyboardInterrupt: never leave the temp file behind
+    except BaseException as e:  # including KeyboardInterrupt: never leave the temp file behind
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename == tmp:  # name what the user asked to write
+            raise type(e)(e.errno, f"save: cannot write {path}: {e.strerror}") from None
         raise
+
+
+# Leftovers of killed saves. A save writes `.NAME.<pid>-<random>.tmp`; the
+# next save to NAME removes the files of that pattern whose writer is gone,
+# and no others: a `-` before the random part makes the pattern match no
+# other file's temp files. "Gone" takes two tests, because a temp file of a
+# save in progress in another live process must survive:
+#  - the pid in the name is not a live process here (os.kill(pid, 0));
+#    that alone would do on one machine (a reused pid only delays cleanup),
+#  - and the file's flock is free: a live save holds it while it writes.
+#    This covers a writer on another machine sharing the directory, where
+#    the pid means nothing (locks are released when a process dies).
+# `.NAME.<random>.tmp` (no pid) is the name earlier versions used; those are
+# removed on the lock test alone. Without POSIX (Windows) nothing is removed:
+# os.kill there would not test, it would signal.
+
+def _lock_while_writing(f):
+    """Hold an exclusive flock on our temp file: "a save is writing this"."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except OSError:  # a filesystem without locks: the pid test alone protects the file
+            pass
+
+
+def _temp_file_pattern(name):
+    return re.compile(re.escape(f".{name}.") + r"(?:(\d+)-)?[0-9a-f]{8}\.tmp\Z")
+
+
+def _pid_alive(pid):
+    if os.name != "posix":
+        return True
+    if pid == os.getpid():
+        return True  # another thread of this process may be saving
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, owned by another user
+        return True
+    return True
+
+
+def _remove_stale_temp_files(directory, name):
+    if os.name != "posix" or fcntl is None:
+        return
+    pattern = _temp_file_pattern(name)
+    for entry in os.listdir(directory):
+        match = pattern.match(entry)
+        if match is None or (match.group(1) is not None and _pid_alive(int(match.group(1)))):
+            continue
+        candidate = os.path.join(directory, entry)
+        try:
+            with open(candidate, "rb") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a live writer
+                os.unlink(candidate)
+        except OSError:  # locked (BlockingIOError), already gone, or not ours to remove
+            continue
+
+
+# safetensors dtype -> the numpy dtype of its bytes (little-endian, as the format is)
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "C64": "<c8",
+           "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+           "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+
+
+def _is_index(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _read_header(raw, path):
@@ -87,31 +172,75 @@ def _read_header(raw, path):
                               f"the file has {len(raw) - 8} after the length field")
     try:
         header = json.loads(raw[8:8 + header_len])
-        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        raise CheckpointError(f"{not_ours}: its header is not a valid safetensors header") from None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{not_ours}: its header is not a valid safetensors header")
+    invalid = f"{path} is not a valid safetensors checkpoint"
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise CheckpointError(f"{invalid}: its __metadata__ is not a dict of strings")
+            continue
+        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+            raise CheckpointError(f"{invalid}: the entry of tensor {name!r} needs dtype, shape and "
+                                  f"data_offsets, got {entry!r}")
+        shape, offsets = entry["shape"], entry["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_index(d) for d in shape):
+            raise CheckpointError(f"{invalid}: tensor {name!r} has shape {shape!r} "
+                                  "(expected a list of non-negative integers)")
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_index(o) for o in offsets) \
+                or offsets[0] > offsets[1]:
+            raise CheckpointError(f"{invalid}: tensor {name!r} has data_offsets {offsets!r} "
+                                  "(expected [begin, end], two integers with 0 <= begin <= end)")
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
     expected = 8 + header_len + max(ends, default=0)
     if len(raw) < expected:
         raise CheckpointError(f"{path} is truncated: it has {len(raw)} bytes, its header "
                               f"describes {expected}")
-    return header
+    return header, 8 + header_len
+
+
+def _read_tensor(raw, start, name, entry, path):
+    """One tensor's bytes as a new (writable, aligned) array; BF16 and F16 as float32."""
+    dtype, shape = entry["dtype"], tuple(entry["shape"])
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype!r}, which load cannot read "
+                              f"(it reads {', '.join(_DTYPES)})")
+    stored = np.dtype(_DTYPES[dtype])
+    begin, end = entry["data_offsets"]
+    count = math.prod(shape)
+    if end - begin != count * stored.itemsize:
+        raise CheckpointError(f"{path} is not a valid safetensors checkpoint: tensor {name!r} of dtype "
+                              f"{dtype} and shape {list(shape)} needs {count * stored.itemsize} bytes, "
+                              f"its data_offsets give {end - begin}")
+    values = np.frombuffer(raw, dtype=stored, count=count, offset=start + begin)
+    if dtype == "BF16":  # bfloat16 is the top half of a float32: shift its bits back into place
+        array = (values.astype(np.uint32) << 16).view(np.float32)
+    elif dtype == "F16":
+        array = values.astype(np.float32)
+    else:
+        array = values.astype(stored.newbyteorder("="))  # a copy, in native byte order
+    return array.reshape(shape)
 
 
 def load(path, with_metadata=False):
-    """Read a safetensors file: a dict name -> numpy array (dtypes kept
-    exactly), or (that dict, metadata dict) with `with_metadata=True`.
+    """Read a safetensors file: a dict name -> numpy array, or (that dict,
+    metadata dict) with `with_metadata=True`.
 
-    Pass the dict to `Module.load_state_dict`. A truncated file or a file in
-    another format raises `CheckpointError` saying which.
+    Dtypes are kept, except half precision: BF16 (PyTorch's usual dtype for
+    large-model weights, which numpy lacks) and F16 tensors are converted to
+    float32, exactly, as tensors hold them. Pass the dict to
+    `Module.load_state_dict`. A truncated file, a file in another format or
+    a tensor of a dtype load cannot read (such as 8-bit floats) raises
+    `CheckpointError` saying which.
     """
     path = os.fspath(path)
     with open(path, "rb") as f:
         raw = f.read()
-    header = _read_header(raw, path)
-    try:
-        arrays = _safetensors_load(raw)
-    except Exception as e:  # safetensors raises its own SafetensorError
-        raise CheckpointError(f"{path} is not a valid safetensors checkpoint: {e}") from None
+    header, start = _read_header(raw, path)
+    arrays = {name: _read_tensor(raw, start, name, entry, path)
+              for name, entry in header.items() if name != "__metadata__"}
     if with_metadata:
         return arrays, dict(header.get("__metadata__") or {})
     return arrays

@@ -6,130 +6,249 @@ call fused ops backed by Numba kernels. Their composite versions, written
 step by step with primitive ops, are in `tinygrad_attn.reference`: read
 those to see the math, and the tests check the fused ones against them.
 """
+import warnings
+
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention
-from .ops.dropout import Dropout
+from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
+                            check_mask_dtype)
+from .ops.dropout import DropoutOp
 from .ops.loss import CrossEntropy
-from .ops.matmul import Linear
-from .ops.norm import LayerNorm
+from .ops.matmul import LinearOp
+from .ops.norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError
-from .tensor import Tensor
+from .tensor import Tensor, _promote, where
 
 
-def relu(x):
-    return x.relu()
+def relu(input, inplace=False):
+    """max(input, 0), elementwise. inplace=True is not implemented."""
+    _no_inplace("relu", inplace)
+    return input.relu()
 
 
-def gelu(x, approximate="none"):
-    return x.gelu(approximate=approximate)
+def gelu(input, *, approximate="none"):
+    """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
+    uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return input.gelu(approximate=approximate)
 
 
-def sigmoid(x):
-    return x.sigmoid()
+def sigmoid(input):
+    """1 / (1 + exp(-input)), elementwise."""
+    return input.sigmoid()
 
 
-def tanh(x):
-    return x.tanh()
+def tanh(input):
+    """tanh(input), elementwise."""
+    return input.tanh()
 
 
-def linear(x, weight, bias=None):
-    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
-    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
+def linear(input, weight, bias=None):
+    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch.
+
+    An integer input meets a float weight as in the arithmetic operators: it
+    takes the weight's dtype (PyTorch raises; numpy would give float64)."""
+    input, weight = _promote(input, weight)
+    if bias is None:
+        return LinearOp.apply(input, weight)
+    bias, weight = _promote(bias, weight)
+    return LinearOp.apply(input, weight, bias)
 
 
-def embedding(indices, weight):
-    """Rows of `weight` picked by integer `indices` (any shape)."""
-    idx = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
+def _no_inplace(name, inplace):
+    if inplace:
+        raise NotImplementedError(f"{name}: inplace=True is not implemented (tensors are not "
+                                  "modified in place here); use inplace=False")
+
+
+def _embedding_unsupported(name, max_norm, scale_grad_by_freq, sparse):
+    """Embedding arguments of PyTorch's that are not implemented here."""
+    for arg, value, default in (("max_norm", max_norm, None),
+                                ("scale_grad_by_freq", scale_grad_by_freq, False),
+                                ("sparse", sparse, False)):
+        if value != default:
+            raise NotImplementedError(f"{name}: {arg}={value!r} is not implemented "
+                                      f"(only the default, {arg}={default})")
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    """Rows of `weight` (num_embeddings, dim) picked by integer indices `input` (any shape).
+
+    With `padding_idx`, the positions holding that index give no gradient to
+    its row (as in PyTorch). max_norm, scale_grad_by_freq and sparse are not
+    implemented (NotImplementedError unless left at their defaults).
+    """
+    _embedding_unsupported("embedding", max_norm, scale_grad_by_freq, sparse)
+    idx = input.data if isinstance(input, Tensor) else np.asarray(input)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
-    if idx.size and (idx.min() < 0 or idx.max() >= weight.shape[0]):
-        raise IndexError(f"embedding: index out of range [0, {weight.shape[0]}) "
+    n = weight.shape[0]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"embedding: index out of range [0, {n}) "
                          f"(got min {idx.min()}, max {idx.max()})")
-    return weight[idx]
+    out = weight[idx]
+    if padding_idx is None:
+        return out
+    if not -n <= padding_idx < n:
+        raise ValueError(f"embedding: padding_idx {padding_idx} is out of range for {n} embeddings")
+    is_pad = idx == padding_idx % n
+    if not is_pad.any():
+        return out
+    # Same values, but the padding positions are cut from the graph, so the
+    # padding row receives no gradient from them.
+    return where(Tensor(is_pad[..., None]), out.detach(), out)
 
 
-def softmax(x, dim=-1):
-    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits)."""
-    return Softmax.apply(x, axis=dim)
+def _softmax_dim(name, ndim, dim, dtype, input):
+    """PyTorch's handling of softmax's dim=None (deprecated there: it warns
+    and picks axis 0 for 0-, 1- and 3-D input, else axis 1) and of dtype=
+    (the input is cast first)."""
+    if dim is None:
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call "
+                      "to include dim=X as an argument.", UserWarning, stacklevel=3)
+        dim = 0 if ndim in (0, 1, 3) else 1
+    return dim, input if dtype is None else input.to(dtype)
 
 
-def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel)."""
-    return LogSoftmax.apply(x, axis=dim)
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """exp(x_i) / sum_j exp(x_j) along `dim` (one fused kernel; stable for any logits).
+
+    A -inf entry gets 0; a row of only -inf has no softmax and gives NaN, as in
+    PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
+    applies (with its warning). `dtype` casts the input first."""
+    dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
+    return Softmax.apply(input, axis=dim)
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """x_i - log sum_j exp(x_j) along `dim` (one fused kernel); -inf stays -inf,
+    and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
+    `softmax`."""
+    dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
+    return LogSoftmax.apply(input, axis=dim)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last
     len(normalized_shape) axes (biased variance, as torch.nn.LayerNorm)."""
     normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(normalized_shape)
-    if k == 0 or x.shape[x.ndim - k:] != normalized_shape:
-        raise ShapeError(f"layer_norm: input of shape {x.shape} does not end with "
+    if k == 0 or input.shape[input.ndim - k:] != normalized_shape:
+        raise ShapeError(f"layer_norm: input of shape {input.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
-    dtype = x.dtype if x.dtype.kind == "f" else np.float32
+    dtype = input.dtype if input.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
-    return LayerNorm.apply(x, weight, bias, normalized_ndim=k, eps=eps)
+    return LayerNormOp.apply(input, weight, bias, normalized_ndim=k, eps=eps)
 
 
-def dropout(x, p=0.5, training=True):
-    """Zero each element with probability p and scale the rest by 1/(1-p).
+def dropout(input, p=0.5, training=True, inplace=False):
+    """Zero each element with probability p and scale the rest by 1/(1-p);
+    `input` itself when not training. inplace=True is not implemented.
 
     The mask is hashed from (a key drawn from the framework's generator,
     element index), so `manual_seed` makes it reproducible."""
     if not 0 <= p <= 1:
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    _no_inplace("dropout", inplace)
     if not training or p == 0:
-        return x
-    return Dropout.apply(x, p=p)
+        return input
+    return DropoutOp.apply(input, p=p)
 
 
-def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
-    """Cross-entropy between `logits` and integer class `target`, fused with log-softmax.
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    """Cross-entropy between logits `input` and integer class `target`, fused with log-softmax.
 
-    logits: (N, C), (C,) or (N, C, d1, ...) with classes on axis 1 as in
+    input: (N, C), (C,) or (N, C, d1, ...) with classes on axis 1 as in
     PyTorch; target: integers of shape (N,), () or (N, d1, ...). Targets equal
     to `ignore_index` contribute nothing; "mean" divides by the number of the
     others (NaN if there are none, as PyTorch). With label smoothing e the
     loss per element is (1 - e) * (-log p_target) + e * mean_c(-log p_c).
+    A -inf logit (a masked class) has p = 0: the loss stays finite unless it
+    is the target or smoothing gives it weight (then +inf, as PyTorch), and
+    the gradient is finite either way. Not implemented (NotImplementedError
+    unless None): class `weight`, and the deprecated `size_average` and
+    `reduce` (use `reduction`).
     """
+    for arg, value in (("weight", weight), ("size_average", size_average), ("reduce", reduce)):
+        if value is not None:
+            raise NotImplementedError(f"cross_entropy: {arg}= is not implemented (only None)"
+                                      + ("; use reduction=" if arg != "weight" else ""))
+    logits = input
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction)
 
 
+def _mask_tensor(attn_mask, op):
+    """attn_mask as a Tensor, its dtype checked first (Tensor() would turn int32 into int64)."""
+    check_mask_dtype(attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask), op)
+    return attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask))
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, need_weights=False):
+                                 is_causal=False, *, scale=None, enable_gqa=False, need_weights=False):
     """softmax(Q K^T * scale + mask) V, batched over all leading axes, in one fused kernel.
 
-    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
-    1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
+    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale (keyword-only, as
+    in PyTorch) defaults to 1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
     boolean mask is True where a query MAY attend, a float mask is added to
     the scores. `is_causal` lets query i see keys j <= i. Dropout (p =
     dropout_p) is applied to the weights. Returns the output, or (output,
     weights) with need_weights=True (weights before dropout, with the batch
     shape of the output; gradients flow through them too).
 
+    As in PyTorch, is_causal=True with an attn_mask raises, and
+    enable_gqa=True lets key and value have fewer heads (axis -3) than the
+    query, each shared by num_heads_q / num_heads_kv consecutive query heads.
+    `need_weights` (keyword-only) is our extension.
+
     A query that may attend to no key (its mask row all False / -inf) gets
     zero weights, an output of 0 and no gradient. PyTorch's math path gives
     NaN there, which then spreads through the whole backward pass.
     """
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask should not be set "
+                           "when is_causal=True (as in PyTorch)")
+    if enable_gqa:
+        key, value = _repeat_kv_heads(query, key), _repeat_kv_heads(query, value)
     inputs = (query, key, value)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
                                                         dropout_p=dropout_p)
     if not need_weights:
         return out
     weights = ctx.weights
-    if is_grad_enabled() and any(t.requires_grad for t in inputs if t is not value):
-        qk_mask = (query, key) + inputs[3:]
+    # The weights depend on query, key and the mask, not on value. (Select by
+    # position, not by `t is not value`: in self-attention the same tensor is
+    # all three, and the weights would silently lose their gradient.)
+    qk_mask = (query, key) + inputs[3:]
+    if is_grad_enabled() and any(t.requires_grad for t in qk_mask):
         return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
                                            value_batch=value.shape[:-2])
     return out, Tensor(weights)
+
+
+def _repeat_kv_heads(query, kv):
+    """Grouped-query attention: repeat each key/value head (axis -3) so that
+    kv has as many heads as the query (PyTorch's repeat_interleave)."""
+    if query.ndim < 3 or kv.ndim < 3:
+        raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs heads on axis -3, got "
+                         f"query {query.shape} and key/value {kv.shape}")
+    hq, hkv = query.shape[-3], kv.shape[-3]
+    if hq == hkv:
+        return kv
+    if hq % hkv:
+        raise ShapeError(f"scaled_dot_product_attention: with enable_gqa the number of query "
+                         f"heads {hq} must be a multiple of the key/value heads {hkv} "
+                         f"(query {query.shape}, key/value {kv.shape})")
+    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
+    repeated = kv.unsqueeze(-3).expand(lead + (hkv, hq // hkv, S, E))
+    return repeated.reshape(lead + (hq, S, E))
 
 
 def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -151,7 +270,7 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     """
     inputs = (qkv,)
     if attn_mask is not None:
-        inputs += (attn_mask if isinstance(attn_mask, Tensor) else Tensor(np.asarray(attn_mask)),)
+        inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
     return (out, Tensor(ctx.weights)) if need_weights else out

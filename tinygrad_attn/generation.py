@@ -25,7 +25,7 @@ logits (float32 and float64) and the generated tokens.
 Shapes: B batch, P new positions in this call, S cached positions after it,
 E = d_model, H heads of hd features, V vocabulary. Inputs are batch first,
 (B, P, E), whatever the layers' batch_first. Since the layers' forward is
-not called, their hooks do not run and MultiHeadAttention's record_weights
+not called, their hooks do not run and MultiheadAttention's record_weights
 records nothing here (attention heatmaps come from a forward pass).
 """
 import math
@@ -103,7 +103,7 @@ def _merge_heads(z):
 def _attend(q, k, v, blocked=None):
     """softmax(q k^T / sqrt(hd), with blocked scores at -inf) v, for q (B, H, P, hd)
     and k, v (B, H, S, hd); `blocked` broadcasts to (B, H, P, S), True = may not attend.
-    A query that may attend to no key gets zero weights, as in MultiHeadAttention."""
+    A query that may attend to no key gets zero weights, as in MultiheadAttention."""
     scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, P, S)
     if blocked is None:
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # (B, H, P, S)
@@ -116,8 +116,8 @@ def _attend(q, k, v, blocked=None):
 
 
 def cached_self_attention(attn, x, cache):
-    """`attn(x, x, x, is_causal=True)` for the P new positions x (B, P, E), which
-    follow the cache's `length` earlier ones; appends their keys and values."""
+    """`attn(x, x, x)` with the causal attn_mask, for the P new positions x (B, P, E)
+    that follow the cache's `length` earlier ones; appends their keys and values."""
     start, P = cache.length, x.shape[1]
     qkv = _in_proj(attn, x, slice(None))  # (B, P, 3*H*hd): q | k | v
     q, k, v = _split_heads(qkv, attn.num_heads, parts=3)  # (B, H, P, hd) each
@@ -156,7 +156,8 @@ def _feed_forward(layer, x):
 
 # --------------------------------------------------------------------------- layers and models
 def encoder_layer_step(layer, x, cache):
-    """A causal `TransformerEncoderLayer` (GPT's block) on the new positions x (B, P, E)."""
+    """A `TransformerEncoderLayer` with the causal src_mask (GPT's block), on the new
+    positions x (B, P, E)."""
     def attend(h):
         return cached_self_attention(layer.self_attn, h, cache)
     if layer.norm_first:
@@ -167,7 +168,7 @@ def encoder_layer_step(layer, x, cache):
 
 
 def decoder_layer_step(layer, x, cache, memory_kv, memory_padding):
-    """A `TransformerDecoderLayer` (tgt_is_causal=True) on the new positions x (B, P, E)."""
+    """A `TransformerDecoderLayer` with the causal tgt_mask, on the new positions x (B, P, E)."""
     def attend(h):
         return cached_self_attention(layer.self_attn, h, cache)
 

@@ -62,11 +62,11 @@ def analytic_jacobian(fn, inputs):
     (which the engine may share with other ops) fails the check."""
     wrt = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
     outs = _outputs(fn, inputs)
-    n_out = sum(o.size for o in outs)
-    jacobians = [np.zeros((n_out, x.size)) for x in wrt]
+    n_out = sum(o.numel() for o in outs)
+    jacobians = [np.zeros((n_out, x.numel())) for x in wrt]
     row = 0
     for o in outs:
-        for i in range(o.size):
+        for i in range(o.numel()):
             if o.requires_grad:
                 seed = np.zeros(o.shape, dtype=o.dtype)
                 seed.reshape(-1)[i] = 1

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from . import functional as F
 from . import generation, nn
 from .autograd import no_grad
 from .data.vocab import BOS, EOS, PAD
@@ -109,7 +110,7 @@ class Seq2SeqTransformer(nn.Module):
         self.transformer = nn.Transformer(
             d_model=c.d_model, nhead=c.nhead, num_encoder_layers=c.num_encoder_layers,
             num_decoder_layers=c.num_decoder_layers, dim_feedforward=c.dim_feedforward,
-            dropout=c.dropout, norm_first=c.norm_first)
+            dropout=c.dropout, norm_first=c.norm_first, batch_first=True)
         self.generator = nn.Linear(c.d_model, c.vocab_size)
 
     def _embed(self, embedding, ids):
@@ -131,7 +132,8 @@ class Seq2SeqTransformer(nn.Module):
         if tgt_in.shape[-1] > self.config.max_len:
             raise ShapeError(f"Seq2SeqTransformer: target of length {tgt_in.shape[-1]} is longer "
                              f"than max_len {self.config.max_len}")
-        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory,
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[-1])
+        x = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory, tgt_mask=causal,
                                      tgt_key_padding_mask=tgt_key_padding_mask,
                                      memory_key_padding_mask=memory_key_padding_mask,
                                      tgt_is_causal=True)
@@ -224,7 +226,9 @@ class GPTConfig(_JSONConfig):
 
     dim_feedforward defaults to 4 * n_embd; tie_weights shares the token
     embedding with the output layer (GPT-2); bias=False drops the biases of
-    the Linear and LayerNorm layers (nanoGPT's default).
+    the Linear and LayerNorm layers (nanoGPT's training default; its model
+    default, like ours, keeps them); gelu is "exact" (x Phi(x), nanoGPT's
+    nn.GELU()) or "tanh" (the tanh approximation of GPT-2's code).
     """
 
     vocab_size: int
@@ -236,10 +240,22 @@ class GPTConfig(_JSONConfig):
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True
+    gelu: str = "exact"
 
     def __post_init__(self):
         if self.dim_feedforward is None:
             self.dim_feedforward = 4 * self.n_embd
+        if self.gelu not in GELU_KINDS:
+            raise ValueError(f"GPTConfig: gelu must be one of {', '.join(GELU_KINDS)}, got {self.gelu!r}")
+
+
+def gelu_tanh(x):
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return F.gelu(x, approximate="tanh")
+
+
+# GPTConfig.gelu -> the feed-forward activation
+GELU_KINDS = {"exact": "gelu", "tanh": gelu_tanh}
 
 
 class GPT(nn.Module):
@@ -251,8 +267,9 @@ class GPT(nn.Module):
         logits = lm_head(LN_f(x))                         (B, T, vocab_size)
 
     The blocks and LN_f are an `nn.TransformerEncoder` of
-    `TransformerEncoderLayer(norm_first=True, activation="gelu")` called
-    with is_causal=True, so position t only sees positions <= t.
+    `TransformerEncoderLayer(norm_first=True, activation="gelu")` (or
+    `gelu_tanh` with gelu="tanh") called with is_causal=True, so position t
+    only sees positions <= t.
     Initialisation follows GPT-2 / nanoGPT: weights N(0, 0.02), biases 0,
     and the projections that write into the residual stream (attention
     output, second FF layer) N(0, 0.02 / sqrt(2 n_layer)), so the residual
@@ -266,10 +283,11 @@ class GPT(nn.Module):
         self.config = c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
         self.pos_emb = nn.LearnedPositionalEmbedding(c.n_embd, max_len=c.block_size, dropout=c.dropout)
-        block = nn.TransformerEncoderLayer(c.n_embd, c.n_head, dim_feedforward=c.dim_feedforward,
-                                           dropout=c.dropout, activation="gelu", norm_first=True,
-                                           bias=c.bias)
-        self.transformer = nn.TransformerEncoder(block, c.n_layer, norm=nn.LayerNorm(c.n_embd, bias=c.bias))
+        block = nn.TransformerEncoderLayer(
+            d_model=c.n_embd, nhead=c.n_head, dim_feedforward=c.dim_feedforward, dropout=c.dropout,
+            activation=GELU_KINDS[c.gelu], norm_first=True, bias=c.bias, batch_first=True)
+        self.transformer = nn.TransformerEncoder(encoder_layer=block, num_layers=c.n_layer,
+                                                 norm=nn.LayerNorm(c.n_embd, bias=c.bias))
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self._init_weights()
         if c.tie_weights:
@@ -295,7 +313,8 @@ class GPT(nn.Module):
             raise ShapeError(f"GPT: expected ids (B, T) with 1 <= T <= block_size "
                              f"{self.config.block_size}, got {idx.shape}")
         _check_ids(idx, self.config.vocab_size, "GPT")
-        x = self.transformer(self.pos_emb(self.tok_emb(idx)), is_causal=True)
+        causal = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
+        x = self.transformer(self.pos_emb(self.tok_emb(idx)), mask=causal, is_causal=True)
         return self.lm_head(x)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):

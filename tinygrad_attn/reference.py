@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .ops.dropout import draw_key, keep_rule
-from .ops.kernels.mathx import uniform_bits_numpy
+from .ops.kernels.random_bits import uniform_bits_numpy
 from .shapes import ShapeError, normalize_axis
 from .tensor import Tensor, where
 
@@ -72,7 +72,7 @@ def dropout(x, p=0.5, training=True):
     if not training or p == 0:
         return x
     threshold, scale = keep_rule(p, x.dtype)
-    keep = uniform_bits_numpy(draw_key(), np.arange(x.size).reshape(x.shape)) >= threshold
+    keep = uniform_bits_numpy(draw_key(), np.arange(x.numel()).reshape(x.shape)) >= threshold
     return x * Tensor(keep.astype(x.dtype) * scale)
 
 

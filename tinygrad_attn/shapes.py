@@ -38,14 +38,18 @@ def normalize_new_axis(axis, ndim, op):
 
 
 def normalize_axes(axis, ndim, op):
-    """Return a sorted tuple of non-negative axes; `None` means every axis."""
+    """Return a sorted tuple of non-negative axes; `None` means every axis.
+
+    A 0-d tensor accepts axis 0 or -1 and reduces over nothing (as PyTorch
+    does: x.sum(dim=0) of a scalar is the scalar)."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    # a sequence of axes, or else one axis (normalize_axis checks it is an int)
+    axes = tuple(axis) if isinstance(axis, (tuple, list, range, np.ndarray)) else (axis,)
     out = tuple(sorted(normalize_axis(a, ndim, op) for a in axes))
     if len(set(out)) != len(out):
         raise ValueError(f"{op}: axis {axis!r} repeats an axis")
-    return out
+    return out if ndim else ()
 
 
 def broadcast_shapes(op, *shapes):

@@ -3,13 +3,17 @@
 The class is thin on purpose: every method that computes something calls an
 op in `tinygrad_attn/ops/`, where forward and backward live side by side.
 """
+from collections import namedtuple
+
 import numpy as np
 
+from . import autograd
 from .autograd import run_backward, _root_grad
 from .ops import elementwise as E
 from .ops import movement as M
 from .ops import reduce as R
 from .ops.matmul import MatMul
+from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError, normalize_axes, normalize_axis, normalize_new_axis
 
 float32 = np.dtype(np.float32)
@@ -22,7 +26,9 @@ _DTYPE_NAMES = {"float32": float32, "float": float32, "float64": float64, "doubl
 
 
 def _canonical_dtype(dtype):
-    """Map a user's dtype (np.float32, "float64", ...) to one we support."""
+    """Map a user's dtype (np.float32, "float64", torch.float64, ...) to one we support."""
+    if type(dtype).__module__ == "torch":  # a torch.dtype: by its name, torch.float64 -> "float64"
+        dtype = str(dtype).removeprefix("torch.")
     if isinstance(dtype, str) and dtype in _DTYPE_NAMES:
         return _DTYPE_NAMES[dtype]
     try:
@@ -57,13 +63,42 @@ def _to_array(data, dtype):
             arr = np.asarray(data)
         except ValueError as e:
             raise ValueError(f"Tensor: cannot make a tensor from this data: {e}") from None
+        # numpy holds Python ints beyond int64 as objects, uint64 or (mixed with others) floats
+        if dtype is not None and dtype.kind == "f":
+            if arr.dtype.kind == "O":
+                arr = _as_float64(data, arr)
+        elif arr.dtype.kind in "Ou" or (arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any()):
+            _check_python_ints(data)
         if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
             dtype = float32  # Python floats default to float32
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "
                         "(tensors hold floats, integers or booleans)")
     target = dtype if dtype is not None else _canonical_dtype(arr.dtype)
+    if target == int64 and arr.dtype == np.uint64 and arr.size and arr.max() > _INT64_MAX:
+        raise OverflowError(f"Tensor: uint64 value {arr.max()} does not fit in int64, the integer "
+                            f"dtype of tensors (range [-2**63, 2**63 - 1])")
     return arr if arr.dtype == target else arr.astype(target)
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _as_float64(data, arr):
+    """Huge Python ints asked for as floats: convert them (anything else stays an object array)."""
+    try:
+        return np.asarray(data, dtype=float64)
+    except (TypeError, ValueError):
+        return arr
+
+
+def _check_python_ints(data):
+    """Raise OverflowError for a Python int outside int64 in `data` (rare:
+    only called when numpy found values that large)."""
+    for v in np.asarray(data, dtype=object).flat:
+        if isinstance(v, int) and not isinstance(v, bool) and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise OverflowError(f"Tensor: integer {v} does not fit in int64, the integer dtype of "
+                                "tensors (range [-2**63, 2**63 - 1])")
 
 
 def as_tensor_like(x, ref):
@@ -104,17 +139,65 @@ def _promote(x, y, divide=False):
     return cast(x), cast(y)
 
 
-def _reduce_args(axis, keepdims, torch_names, op):
-    """Accept PyTorch's `dim=` / `keepdim=` spellings as well as numpy's."""
-    dim = torch_names.pop("dim", None)
-    keepdim = torch_names.pop("keepdim", None)
-    if torch_names:
-        raise TypeError(f"{op}: unexpected keyword arguments {sorted(torch_names)}")
-    if dim is not None:
-        axis = dim
-    if keepdim is not None:
-        keepdims = keepdim
-    return axis, bool(keepdims)
+def _dim_args(dim, keepdim, axis, keepdims, op):
+    """PyTorch's `dim` / `keepdim`, or numpy's `axis=` / `keepdims=` (keyword-only here)."""
+    if axis is not None:
+        if dim is not None:
+            raise TypeError(f"{op}: got both dim={dim!r} and axis={axis!r}; pass one")
+        dim = axis
+    if keepdims is not None:
+        keepdim = keepdims
+    return dim, bool(keepdim)
+
+
+# What max(dim) / min(dim) return, as torch.return_types.max / min.
+max_result = namedtuple("max", ["values", "indices"])
+min_result = namedtuple("min", ["values", "indices"])
+
+_TYPE_NAMES = {float32: "torch.FloatTensor", float64: "torch.DoubleTensor", int64: "torch.LongTensor",
+               bool_: "torch.BoolTensor"}
+
+
+class _Device(str):
+    """What Tensor.device returns: equal to "cpu", with torch.device's `type`."""
+
+    type = "cpu"
+    index = None
+
+
+CPU = _Device("cpu")
+
+
+def _is_device(x):
+    """A device argument of `to`: a string that names no dtype, or a torch.device."""
+    return (isinstance(x, str) and x not in _DTYPE_NAMES) or type(x).__name__ == "device"
+
+
+def _check_device(device, op):
+    if device is not None and str(device).split(":")[0] != "cpu":
+        raise NotImplementedError(f"{op}: device {str(device)!r} is not supported: everything "
+                                  "lives on the CPU (device='cpu' or None)")
+
+
+def _to_args(args, kwargs, op):
+    """(dtype or None, copy) from PyTorch's `to` overloads: to(dtype),
+    to(device, dtype), to(other tensor), with keywords device=, dtype=,
+    copy=, non_blocking= and memory_format= (the last two change nothing here)."""
+    dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
+    copy = kwargs.pop("copy", False)
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise TypeError(f"{op}: unexpected keyword arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype = a.dtype
+        elif _is_device(a):
+            device = a
+        elif a is not None:
+            dtype = a
+    _check_device(device, op)
+    return (None if dtype is None else _canonical_dtype(dtype)), bool(copy)
 
 
 class Tensor:
@@ -156,6 +239,7 @@ class Tensor:
     # ------------------------------------------------------------ properties
     @property
     def requires_grad(self):
+        """Whether ops on this tensor are recorded for backward (floats only)."""
         return self._requires_grad
 
     @requires_grad.setter
@@ -168,22 +252,43 @@ class Tensor:
 
     @property
     def shape(self):
+        """The shape, a tuple of ints (PyTorch's torch.Size is a tuple too)."""
         return self.data.shape
 
     @property
     def ndim(self):
+        """The number of axes."""
         return self.data.ndim
 
     @property
     def dtype(self):
+        """The numpy dtype: float32, float64, int64 or bool."""
         return self.data.dtype
 
     @property
-    def size(self):
+    def device(self):
+        """Always the CPU (tensors are numpy arrays): equal to "cpu", and
+        `x.device.type == "cpu"` as with a torch.device."""
+        return CPU
+
+    def size(self, dim=None):
+        """The shape as a tuple, or the size of axis `dim` (an int), as
+        torch's `size()`. (numpy's `.size`, the element count, is `numel()`.)"""
+        if dim is None:
+            return self.data.shape
+        return self.data.shape[normalize_axis(dim, self.ndim, "size")]
+
+    def dim(self):
+        """The number of axes (= ndim)."""
+        return self.data.ndim
+
+    def numel(self):
+        """The number of elements."""
         return self.data.size
 
     @property
     def is_leaf(self):
+        """True for tensors made by the user (no op recorded them)."""
         return self._ctx is None
 
     @property
@@ -193,22 +298,25 @@ class Tensor:
 
     @property
     def T(self):
+        """All axes reversed."""
         return self.permute(tuple(reversed(range(self.ndim))))
 
-    def numpy(self):
-        """The underlying array (shared, not copied)."""
+    def numpy(self, *, force=False):
+        """The underlying array (shared, not copied; `force` changes nothing here)."""
         return self.data
 
     def __array__(self, dtype=None, copy=None):
         return self.data if dtype is None else self.data.astype(dtype)
 
     def item(self):
-        if self.size != 1:
+        """The value of a one-element tensor as a Python number."""
+        if self.data.size != 1:
             raise ValueError(f"item: only a tensor with one element can be converted to a "
                              f"Python scalar, got shape {self.shape}")
         return self.data.item()
 
     def tolist(self):
+        """The values as (nested) Python lists."""
         return self.data.tolist()
 
     def __len__(self):
@@ -220,8 +328,8 @@ class Tensor:
         return (self[i] for i in range(len(self)))
 
     def __bool__(self):
-        if self.size != 1:
-            raise ValueError(f"the truth value of a tensor with {self.size} elements is ambiguous")
+        if self.data.size != 1:
+            raise ValueError(f"the truth value of a tensor with {self.data.size} elements is ambiguous")
         return bool(self.data)
 
     def __float__(self):
@@ -244,19 +352,29 @@ class Tensor:
     __hash__ = object.__hash__
 
     # ------------------------------------------------------------- autograd
-    def backward(self, gradient=None, retain_graph=False):
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """Accumulate d(self)/d(leaf) into the `.grad` of every leaf that requires grad.
 
         A tensor with one element needs no `gradient`; any other tensor needs
         one of its shape (the vector in the vector-Jacobian product).
+        retain_graph=True keeps the graph for another backward. Not
+        implemented: create_graph=True (gradients are first order only) and
+        `inputs` (NotImplementedError).
         """
-        run_backward([self], [_root_grad(self, gradient, "backward")], retain_graph)
+        if create_graph:
+            raise NotImplementedError("backward: create_graph=True is not implemented (gradients "
+                                      "are first order only)")
+        if inputs is not None:
+            raise NotImplementedError("backward: inputs= is not implemented; use "
+                                      "tinygrad_attn.grad(outputs, inputs)")
+        run_backward([self], [_root_grad(self, gradient, "backward")], bool(retain_graph))
 
     def detach(self):
         """The same data, cut from the graph."""
         return Tensor._make(self.data, False, None)
 
     def requires_grad_(self, requires_grad=True):
+        """Set `requires_grad` in place; returns self."""
         self.requires_grad = requires_grad
         return self
 
@@ -284,25 +402,61 @@ class Tensor:
         return _Handle()
 
     # ------------------------------------------------------------ conversion
-    def to(self, dtype):
-        """A copy of dtype `dtype` (gradients flow back through float casts)."""
-        dtype = _canonical_dtype(dtype)
-        if dtype == self.dtype:
-            return self
+    def to(self, *args, **kwargs):
+        """This tensor as another dtype, as torch's `to`: to(dtype),
+        to("cpu"), to("cpu", dtype), to(other_tensor) (its dtype), with
+        keywords dtype=, device=, copy=. Returns self when nothing changes
+        (unless copy=True); gradients flow back through float casts. The
+        CPU is the only device: any other raises NotImplementedError."""
+        dtype, copy = _to_args(args, dict(kwargs), "to")
+        if dtype is None or dtype == self.dtype:
+            return self.clone() if copy else self
         if dtype.kind == "f" and self.dtype.kind == "f":
             return E.Cast.apply(self, dtype=dtype)
         return Tensor._make(self.data.astype(dtype), False, None)
 
-    astype = to
+    def cpu(self):
+        """self: the CPU is the only device (as in x.detach().cpu().numpy())."""
+        return self
+
+    def astype(self, dtype):
+        """numpy's spelling of to(dtype)."""
+        return self.to(dtype)
+
+    def type(self, dtype=None, non_blocking=False):
+        """With no argument, the type name as PyTorch spells it
+        ("torch.FloatTensor", ...); with a dtype (or such a name), to(dtype)."""
+        if dtype is None:
+            return _TYPE_NAMES[self.dtype]
+        names = {v: k for k, v in _TYPE_NAMES.items()}
+        return self.to(names.get(dtype, dtype))
 
     def float(self):
+        """to(float32)."""
         return self.to(float32)
 
     def double(self):
+        """to(float64)."""
         return self.to(float64)
 
     def long(self):
+        """to(int64)."""
         return self.to(int64)
+
+    def clone(self):
+        """A copy of the data (same memory layout, as torch's); gradients
+        flow back through it unchanged (dz/dx = 1)."""
+        if self.dtype.kind == "f":
+            return E.Cast.apply(self, dtype=self.dtype)  # astype copies, its backward passes g on
+        return Tensor._make(self.data.copy(), False, None)
+
+    def contiguous(self):
+        """self if its data is C-contiguous, else a C-contiguous copy
+        (gradients flow back through it)."""
+        if self.data.flags.c_contiguous:
+            return self
+        # Flattening a strided view copies it in C order; the second reshape is a view of that copy.
+        return M.Reshape.apply(M.Reshape.apply(self, shape=(-1,)), shape=self.shape)
 
     # ------------------------------------------------------------ arithmetic
     def __add__(self, other):
@@ -339,18 +493,54 @@ class Tensor:
         return E.Pow.apply(as_tensor_like(a, b), b)
 
     def __matmul__(self, other):
-        return MatMul.apply(self, other)
+        return MatMul.apply(*_promote(self, other))
 
     def __rmatmul__(self, other):
-        return MatMul.apply(other, self)
+        return MatMul.apply(*_promote(other, self))
 
     def __neg__(self):
         return E.Neg.apply(self)
 
     def __getitem__(self, index):
+        if isinstance(index, Tensor):  # tensors in an index are plain arrays to the op
+            index = index.data
+        elif isinstance(index, tuple) and any(isinstance(i, Tensor) for i in index):
+            index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
         return M.GetItem.apply(self, index=index)
 
-    add, sub, mul, div, pow, matmul, neg = __add__, __sub__, __mul__, __truediv__, __pow__, __matmul__, __neg__
+    def __abs__(self):
+        return self.abs()
+
+    def add(self, other, *, alpha=1):
+        """self + alpha * other."""
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other, *, alpha=1):
+        """self - alpha * other."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def mul(self, other):
+        """self * other (broadcast)."""
+        return self * other
+
+    def div(self, other, *, rounding_mode=None):
+        """self / other (true division; rounding_mode is not implemented)."""
+        if rounding_mode is not None:
+            raise NotImplementedError(f"div: rounding_mode={rounding_mode!r} is not implemented "
+                                      "(only true division, rounding_mode=None)")
+        return self / other
+
+    def pow(self, exponent):
+        """self ** exponent."""
+        return self ** exponent
+
+    def matmul(self, other):
+        """self @ other (batched and broadcast like numpy's matmul)."""
+        return self @ other
+
+    def neg(self):
+        """-self."""
+        return -self
 
     # Comparisons give boolean tensors that carry no gradient.
     def _compare(self, other, fn):
@@ -388,107 +578,193 @@ class Tensor:
 
     # --------------------------------------------------------- unary functions
     def exp(self):
+        """e ** self, elementwise."""
         return E.Exp.apply(self)
 
     def log(self):
+        """The natural logarithm, elementwise."""
         return E.Log.apply(self)
 
     def sqrt(self):
+        """The square root, elementwise."""
         return E.Sqrt.apply(self)
 
     def tanh(self):
+        """tanh, elementwise."""
         return E.Tanh.apply(self)
 
     def sigmoid(self):
+        """1 / (1 + e ** -self), elementwise."""
         return E.Sigmoid.apply(self)
 
     def relu(self):
+        """max(self, 0), elementwise."""
         return E.Relu.apply(self)
 
     def gelu(self, approximate="none"):
+        """self * Phi(self), Phi the standard normal CDF (approximate="tanh":
+        the tanh approximation). Not a torch.Tensor method: torch has F.gelu."""
         return E.Gelu.apply(self, approximate=approximate)
 
     def abs(self):
+        """|self|, elementwise (also the built-in abs(x))."""
         return E.Abs.apply(self)
 
     def clip(self, min=None, max=None):
+        """Each element clamped into [min, max] (either bound may be None)."""
         return E.Clip.apply(self, min=min, max=max)
 
     clamp = clip
 
     def maximum(self, other):
+        """The elementwise maximum of self and other (broadcast)."""
         return E.Maximum.apply(*_promote(self, other))
 
     def minimum(self, other):
+        """The elementwise minimum of self and other (broadcast)."""
         return E.Minimum.apply(*_promote(self, other))
 
     def masked_fill(self, mask, value):
         """Replace the elements where `mask` is True by `value`."""
         return E.MaskedFill.apply(self, mask, value=value)
 
-    def softmax(self, dim=-1):
-        from . import functional
-        return functional.softmax(self, dim)
+    def softmax(self, dim, dtype=None):
+        """exp(x_i) / sum_j exp(x_j) along `dim` (F.softmax); `dtype` casts first."""
+        return Softmax.apply(self if dtype is None else self.to(dtype), axis=dim)
 
-    def log_softmax(self, dim=-1):
-        from . import functional
-        return functional.log_softmax(self, dim)
+    def log_softmax(self, dim, dtype=None):
+        """x_i - log sum_j exp(x_j) along `dim` (F.log_softmax); `dtype` casts first."""
+        return LogSoftmax.apply(self if dtype is None else self.to(dtype), axis=dim)
 
     # ------------------------------------------------------------ reductions
-    def sum(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "sum")
-        return R.Sum.apply(self, axis=axis, keepdims=keepdims)
+    # PyTorch's dim / keepdim, positional as in torch; numpy's axis= / keepdims=
+    # are accepted as keywords. dim may be one axis, a tuple of axes, or None (all).
+    def sum(self, dim=None, keepdim=False, *, dtype=None, axis=None, keepdims=None):
+        """The sum over `dim` (all axes if None); `dtype` casts first."""
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "sum")
+        x = self if dtype is None else self.to(dtype)
+        return R.Sum.apply(x, axis=dim, keepdims=keepdim)
 
-    def mean(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "mean")
-        return R.Mean.apply(self, axis=axis, keepdims=keepdims)
+    def mean(self, dim=None, keepdim=False, *, dtype=None, axis=None, keepdims=None):
+        """The mean over `dim` (all axes if None); `dtype` casts first."""
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "mean")
+        x = self if dtype is None else self.to(dtype)
+        return R.Mean.apply(x, axis=dim, keepdims=keepdim)
 
-    def max(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "max")
-        return R.Max.apply(self, axis=axis, keepdims=keepdims)
+    def _max_min(self, op, dim, keepdim, axis, keepdims):
+        name = op.__name__.lower()
+        if isinstance(dim, Tensor):  # torch's max(other): the elementwise maximum
+            return self.maximum(dim) if name == "max" else self.minimum(dim)
+        torch_style = dim is not None
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, name)
+        values = op.apply(self, axis=dim, keepdims=keepdim)
+        if not torch_style:
+            return values
+        if not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"{name}: dim must be one axis (an int), got {dim!r}; PyTorch's {name}(dim) "
+                            f"returns (values, indices) of one axis: for several use "
+                            f"a{name}(dim) or {name}(axis=...)")
+        arg = np.argmax if name == "max" else np.argmin
+        axis = normalize_axis(dim, self.ndim, name) if self.ndim else None  # 0-d: dim 0 or -1 allowed
+        indices = arg(self.data, axis=axis, keepdims=keepdim)
+        result = max_result if name == "max" else min_result
+        return result(values, Tensor._make(np.asarray(indices, dtype=np.int64), False, None))
 
-    def min(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "min")
-        return R.Min.apply(self, axis=axis, keepdims=keepdims)
+    def max(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """The largest element (dim=None); as torch, max(dim) returns a
+        namedtuple (values, indices) along that axis and max(other_tensor)
+        the elementwise maximum. numpy's max(axis=...) (an axis or a tuple)
+        returns the values only. The gradient goes to every maximal element."""
+        return self._max_min(R.Max, dim, keepdim, axis, keepdims)
 
-    def var(self, axis=None, keepdims=False, correction=1, **torch_names):
-        """Variance; correction=1 (default, as PyTorch) divides by N - 1, correction=0 by N."""
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "var")
-        return R.Var.apply(self, axis=axis, keepdims=keepdims, correction=correction)
+    def min(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """The smallest element; min(dim) returns (values, indices), as max."""
+        return self._max_min(R.Min, dim, keepdim, axis, keepdims)
 
-    def std(self, axis=None, keepdims=False, correction=1, **torch_names):
-        return self.var(axis, keepdims, correction, **torch_names).sqrt()
-
-    def logsumexp(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "logsumexp")
-        return R.LogSumExp.apply(self, axis=axis, keepdims=keepdims)
-
-    def argmax(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "argmax")
+    def amax(self, dim=None, keepdim=False):
+        """The maximum over one or several axes (all for None or ()), values only."""
+        axis = None if dim in (None, ()) else dim
         if axis is not None:
-            axis = normalize_axis(axis, self.ndim, "argmax")
-        return Tensor(np.argmax(self.data, axis=axis, keepdims=keepdims))
+            normalize_axes(axis, self.ndim, "amax")  # the error names amax
+        return R.Max.apply(self, axis=axis, keepdims=bool(keepdim))
 
-    def argmin(self, axis=None, keepdims=False, **torch_names):
-        axis, keepdims = _reduce_args(axis, keepdims, torch_names, "argmin")
+    def amin(self, dim=None, keepdim=False):
+        """The minimum over one or several axes (all for None or ()), values only."""
+        axis = None if dim in (None, ()) else dim
         if axis is not None:
-            axis = normalize_axis(axis, self.ndim, "argmin")
-        return Tensor(np.argmin(self.data, axis=axis, keepdims=keepdims))
+            normalize_axes(axis, self.ndim, "amin")
+        return R.Min.apply(self, axis=axis, keepdims=bool(keepdim))
+
+    def _correction(self, dim, unbiased, correction, op):
+        """(dim, correction) from PyTorch's spellings: var(dim, unbiased),
+        var(unbiased) with a bool, or correction= (1 by default)."""
+        if isinstance(dim, bool):  # var(False): PyTorch's var(unbiased)
+            dim, unbiased = None, dim
+        if unbiased is not None:
+            if correction is not None:
+                raise TypeError(f"{op}: pass unbiased or correction, not both")
+            correction = int(bool(unbiased))
+        return dim, 1 if correction is None else correction
+
+    def var(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None,
+            keepdims=None):
+        """The variance over `dim`: sum((x - mean)^2) / (N - correction).
+
+        correction=1 (the default, as PyTorch) is the unbiased estimate,
+        correction=0 divides by N. PyTorch's older spellings work too:
+        var(dim, unbiased, keepdim) and var(unbiased) with a bool."""
+        dim, correction = self._correction(dim, unbiased, correction, "var")
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "var")
+        return R.Var.apply(self, axis=dim, keepdims=keepdim, correction=correction)
+
+    def std(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None,
+            keepdims=None):
+        """Standard deviation, sqrt(var), with the same arguments as `var`
+        (its gradient is 0 where the input is constant, as PyTorch)."""
+        dim, correction = self._correction(dim, unbiased, correction, "std")
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "std")
+        return R.Std.apply(self, axis=dim, keepdims=keepdim, correction=correction)
+
+    def logsumexp(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """log(sum(exp(x))) over `dim`, computed stably (all axes if None)."""
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "logsumexp")
+        return R.LogSumExp.apply(self, axis=dim, keepdims=keepdim)
+
+    def argmax(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """The index of the largest element along `dim` (of the flattened
+        tensor if None), as int64; no gradient."""
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "argmax")
+        if dim is not None:
+            dim = normalize_axis(dim, self.ndim, "argmax")
+            dim = dim if self.ndim else None  # 0-d: dim 0 is allowed, numpy needs None
+        return Tensor(np.argmax(self.data, axis=dim, keepdims=keepdim))
+
+    def argmin(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """The index of the smallest element along `dim`, as argmax."""
+        dim, keepdim = _dim_args(dim, keepdim, axis, keepdims, "argmin")
+        if dim is not None:
+            dim = normalize_axis(dim, self.ndim, "argmin")
+            dim = dim if self.ndim else None  # 0-d: dim 0 is allowed, numpy needs None
+        return Tensor(np.argmin(self.data, axis=dim, keepdims=keepdim))
 
     # -------------------------------------------------------------- movement
     def reshape(self, *shape):
+        """The same elements in shape `shape` (ints or one tuple; one may be -1)."""
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         if shape == self.shape:
             return self
         return M.Reshape.apply(self, shape=shape)
 
-    view = reshape
+    def view(self, *shape):
+        """reshape (a copy when numpy cannot make a view; tensors are not written in place)."""
+        return self.reshape(*shape)
 
-    def permute(self, *axes):
-        axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        if len(axes) != self.ndim:
-            raise ShapeError(f"permute: got {len(axes)} axes for a tensor of shape {self.shape}")
-        return M.Permute.apply(self, axes=axes)
+    def permute(self, *dims):
+        """The axes reordered: output axis i is input axis dims[i]."""
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        if len(dims) != self.ndim:
+            raise ShapeError(f"permute: got {len(dims)} axes for a tensor of shape {self.shape}")
+        return M.Permute.apply(self, axes=dims)
 
     def transpose(self, *axes):
         """Two axes swap them (PyTorch's transpose(dim0, dim1)); no axes reverse
@@ -502,21 +778,25 @@ class Tensor:
         return self.permute(axes)
 
     def swapaxes(self, axis0, axis1):
+        """Axes axis0 and axis1 exchanged."""
         a = normalize_axis(axis0, self.ndim, "swapaxes")
         b = normalize_axis(axis1, self.ndim, "swapaxes")
         order = list(range(self.ndim))
         order[a], order[b] = order[b], order[a]
         return M.Permute.apply(self, axes=tuple(order))
 
-    def expand(self, *shape):
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return M.Expand.apply(self, shape=shape)
+    def expand(self, *size):
+        """A broadcast view to `size` (ints or one tuple); the gradient is summed back."""
+        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return M.Expand.apply(self, shape=size)
 
     def broadcast_to(self, shape):
+        """expand(shape)."""
         return M.Expand.apply(self, shape=tuple(shape))
 
-    def squeeze(self, axis=None, **torch_names):
-        axis, _ = _reduce_args(axis, False, torch_names, "squeeze")
+    def squeeze(self, dim=None, *, axis=None):
+        """Drop the axes of size 1 (all, or those of `dim` that have size 1)."""
+        axis, _ = _dim_args(dim, False, axis, None, "squeeze")
         if axis is None:
             axes = tuple(i for i, s in enumerate(self.shape) if s == 1)
         else:
@@ -524,12 +804,16 @@ class Tensor:
             axes = tuple(a for a in axes if self.shape[a] == 1)  # like PyTorch: others stay
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
-    def unsqueeze(self, axis=None, **torch_names):
-        axis, _ = _reduce_args(axis, False, torch_names, "unsqueeze")
+    def unsqueeze(self, dim=None, *, axis=None):
+        """A new axis of size 1 at position `dim` (required; numpy's axis= also works)."""
+        axis, _ = _dim_args(dim, False, axis, None, "unsqueeze")
+        if axis is None:
+            raise TypeError("unsqueeze: missing the position of the new axis, dim")
         axis = normalize_new_axis(axis, self.ndim, "unsqueeze")
         return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
     def flatten(self, start_dim=0, end_dim=-1):
+        """Axes start_dim..end_dim merged into one."""
         if self.ndim == 0:
             return self.reshape(1)
         start = normalize_axis(start_dim, self.ndim, "flatten")
@@ -539,17 +823,22 @@ class Tensor:
         merged = int(np.prod(self.shape[start:end + 1]))
         return self.reshape(self.shape[:start] + (merged,) + self.shape[end + 1:])
 
-    def split(self, split_size_or_sections, dim=0):
+    def split(self, split_size, dim=0):
         """Split along `dim` into pieces of `split_size` (the last may be
         smaller) or into the given list of sizes, as torch.split does."""
         axis = normalize_axis(dim, self.ndim, "split")
         n = self.shape[axis]
-        if isinstance(split_size_or_sections, int):
-            if split_size_or_sections <= 0:
-                raise ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
-            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)]
+        if isinstance(split_size, (int, np.integer)):
+            size = int(split_size)
+            if size < 0 or (size == 0 and n):
+                raise ValueError(f"split: split_size must be positive (0 only for an axis of size 0), "
+                                 f"got {size} for axis {axis} of shape {self.shape}")
+            # an axis of size 0 gives one empty piece, as in PyTorch
+            sizes = [min(size, n - i) for i in range(0, n, size)] if n else [0]
         else:
-            sizes = list(split_size_or_sections)
+            sizes = list(split_size)
+            if any(not isinstance(s, (int, np.integer)) or s < 0 for s in sizes):
+                raise ValueError(f"split: sizes must be non-negative integers, got {sizes}")
             if sum(sizes) != n:
                 raise ShapeError(f"split: sizes {sizes} do not add up to {n}, the size of axis "
                                  f"{axis} of shape {self.shape}")
@@ -561,15 +850,25 @@ class Tensor:
         return tuple(pieces)
 
     def chunk(self, chunks, dim=0):
-        """Split into `chunks` pieces of equal size (the last may be smaller)."""
+        """Split into `chunks` pieces of equal size (the last may be smaller;
+        there may be fewer pieces, as in PyTorch: 6 in 4 chunks gives 3 of 2)."""
+        if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool) or chunks <= 0:
+            raise ValueError(f"chunk: chunks must be a positive integer, got {chunks!r}")
         axis = normalize_axis(dim, self.ndim, "chunk")
-        size = -(-self.shape[axis] // chunks)
-        return self.split(max(size, 1), dim=axis)
+        n = self.shape[axis]
+        if n == 0:
+            return self.split([0] * int(chunks), dim=axis)  # as PyTorch: `chunks` empty pieces
+        return self.split(-(-n // chunks), dim=axis)
 
 
 # ------------------------------------------------------------- free functions
+# torch's signatures: the creation functions take dtype, device and
+# requires_grad as keywords (device: None or "cpu").
 
-def tensor(data, dtype=None, requires_grad=False):
+def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """A new Tensor from data (array, nested lists, scalar); as torch.tensor,
+    Python floats become float32 and numpy arrays keep their dtype."""
+    _check_device(device, "tensor")
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -578,7 +877,9 @@ def cat(tensors, dim=0):
     return M.Cat.apply(*tensors, axis=dim)
 
 
-concatenate = cat
+def concatenate(tensors, axis=0):
+    """cat with numpy's argument name (as torch.concatenate)."""
+    return M.Cat.apply(*tensors, axis=axis)
 
 
 def stack(tensors, dim=0):
@@ -586,72 +887,133 @@ def stack(tensors, dim=0):
     return M.Stack.apply(*tensors, axis=dim)
 
 
-def where(condition, x, y):
-    """Elementwise `x if condition else y` (condition: a boolean tensor)."""
-    x, y = _promote(x, y)
+def where(condition, input, other):
+    """Elementwise `input if condition else other` (condition: a boolean tensor)."""
+    x, y = _promote(input, other)
     ref = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
     return E.Where.apply(condition, as_tensor_like(x, ref), as_tensor_like(y, ref))
 
 
-def maximum(x, y):
-    return E.Maximum.apply(*_promote(x, y))
+def maximum(input, other):
+    """The elementwise maximum (broadcast)."""
+    return E.Maximum.apply(*_promote(input, other))
 
 
-def minimum(x, y):
-    return E.Minimum.apply(*_promote(x, y))
+def minimum(input, other):
+    """The elementwise minimum (broadcast)."""
+    return E.Minimum.apply(*_promote(input, other))
 
 
-def matmul(a, b):
-    return MatMul.apply(a, b)
+def matmul(input, other):
+    """input @ other (an integer operand takes the other's float dtype)."""
+    return MatMul.apply(*_promote(input, other))
 
 
-def _shape_args(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def zeros(*shape, dtype=float32, requires_grad=False):
-    return Tensor(np.zeros(_shape_args(shape), dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+def _check_size(size, op, name="size"):
+    """A tensor size (an int or a sequence of ints) as a tuple, or an error
+    naming the op and the argument."""
+    dims = (size,) if _is_int(size) else size
+    if not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
+        raise TypeError(f"{op}: {name} must be an int or a tuple of ints, got {size!r}")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{op}: {name} must not be negative, got {tuple(dims)}")
+    return tuple(int(d) for d in dims)
 
 
-def ones(*shape, dtype=float32, requires_grad=False):
-    return Tensor(np.ones(_shape_args(shape), dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
+def _shape_args(shape, op):
+    """`f(2, 3)` or `f((2, 3))`, checked."""
+    return _check_size(tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
+                       op)
 
 
-def full(shape, fill_value, dtype=float32, requires_grad=False):
-    return Tensor(np.full(shape, fill_value, dtype=_canonical_dtype(dtype)), requires_grad=requires_grad)
-
-
-def zeros_like(t, dtype=None, requires_grad=False):
-    return zeros(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
-
-
-def ones_like(t, dtype=None, requires_grad=False):
-    return ones(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
-
-
-def arange(start, stop=None, step=1, dtype=None):
-    """[start, stop) by step: int64 for integer arguments, float32 if any is a float."""
-    if stop is None:
-        start, stop = 0, start
-    data = np.arange(start, stop, step)
-    return Tensor(data, dtype=dtype if dtype is not None or data.dtype.kind != "f" else float32)
-
-
-def randn(*shape, dtype=float32, requires_grad=False):
-    """Standard normal samples from the generator seeded by `manual_seed`."""
-    from .random import get_generator
-    data = get_generator().standard_normal(_shape_args(shape)).astype(_canonical_dtype(dtype))
+def _new(data, device, requires_grad, op):
+    _check_device(device, op)
     return Tensor(data, requires_grad=requires_grad)
 
 
-def rand(*shape, dtype=float32, requires_grad=False):
-    """Uniform samples in [0, 1) from the generator seeded by `manual_seed`."""
+def zeros(*size, dtype=None, device=None, requires_grad=False):
+    """A tensor of zeros of shape `size` (ints or one tuple), float32 by default."""
+    return _new(np.zeros(_shape_args(size, "zeros"), dtype=_canonical_dtype(dtype or float32)), device,
+                requires_grad, "zeros")
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    """A tensor of ones of shape `size`, float32 by default."""
+    return _new(np.ones(_shape_args(size, "ones"), dtype=_canonical_dtype(dtype or float32)), device,
+                requires_grad, "ones")
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
+    """A tensor of shape `size` filled with `fill_value`; the dtype follows
+    the value as in PyTorch (bool, int64, else float32) unless given."""
+    if not isinstance(fill_value, (int, float, bool, np.number, np.bool_)):
+        raise TypeError(f"full: fill_value must be a number, got {fill_value!r}")
+    if dtype is None:
+        dtype = (bool_ if isinstance(fill_value, (bool, np.bool_)) else
+                 int64 if isinstance(fill_value, (int, np.integer)) else float32)
+    return _new(np.full(_check_size(size, "full"), fill_value, dtype=_canonical_dtype(dtype)), device,
+                requires_grad, "full")
+
+
+def zeros_like(input, *, dtype=None, device=None, requires_grad=False):
+    """zeros of input's shape and (unless given) dtype."""
+    return zeros(input.shape, dtype=dtype or input.dtype, device=device, requires_grad=requires_grad)
+
+
+def ones_like(input, *, dtype=None, device=None, requires_grad=False):
+    """ones of input's shape and (unless given) dtype."""
+    return ones(input.shape, dtype=dtype or input.dtype, device=device, requires_grad=requires_grad)
+
+
+def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
+    """[start, end) by step (arange(end) starts at 0): int64 for integer
+    arguments, float32 if any is a float."""
+    if end is None:
+        start, end = 0, start
+    for name, value in (("start", start), ("end", end), ("step", step)):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"arange: {name} must be a number, got {value!r}")
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    data = np.arange(start, end, step)
+    data = _to_array(data, dtype if dtype is not None or data.dtype.kind != "f" else float32)
+    return _new(data, device, requires_grad, "arange")
+
+
+def _generator(generator):
     from .random import get_generator
-    data = get_generator().random(_shape_args(shape)).astype(_canonical_dtype(dtype))
-    return Tensor(data, requires_grad=requires_grad)
+    return get_generator() if generator is None else generator
 
 
-def randint(low, high, size, dtype=int64):
-    from .random import get_generator
-    return Tensor(get_generator().integers(low, high, size=size), dtype=dtype)
+def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    """Standard normal samples from `generator` (a numpy Generator), by
+    default the framework's, seeded by `manual_seed`."""
+    data = _generator(generator).standard_normal(_shape_args(size, "randn"))
+    return _new(data.astype(_canonical_dtype(dtype or float32)), device, requires_grad, "randn")
 
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    """Uniform samples in [0, 1), drawn as randn's."""
+    data = _generator(generator).random(_shape_args(size, "rand"))
+    return _new(data.astype(_canonical_dtype(dtype or float32)), device, requires_grad, "rand")
+
+
+def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None,
+            requires_grad=False):
+    """Integers drawn uniformly from [low, high), of shape `size`, int64 by
+    default; randint(high, size) starts at 0, as in PyTorch."""
+    if size is None:  # randint(high, size)
+        low, high, size = 0, low, high
+    if not _is_int(low) or not _is_int(high):
+        raise TypeError(f"randint: low and high must be integers, got low={low!r}, high={high!r}")
+    if low >= high:
+        raise ValueError(f"randint: low must be less than high, got low={low}, high={high}")
+    data = _generator(generator).integers(low, high, size=_check_size(size, "randint"))
+    return _new(_to_array(data, dtype or int64), device, requires_grad, "randint")
+
+
+autograd.register_tensor_type(Tensor, Tensor._make, as_tensor_like)  # the engine's graph nodes are Tensors

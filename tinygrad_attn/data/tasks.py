@@ -180,6 +180,27 @@ class Seq2SeqTask:
         unit = (h >> np.uint64(11)).astype(np.float64) / 2.0 ** 53  # uniform in [0, 1)
         return unit < self.held_out_fraction
 
+    def split_sizes(self, limit=100_000):
+        """(training, held-out): how many distinct sequences each part has,
+        counted by enumerating them all; None when there are more than
+        `limit` (both parts are then far from empty). A task needs both:
+        `train_batch` and `held_out_batch` cannot draw from an empty part."""
+        lengths = range(self.min_length, self.length + 1)
+        total = 0
+        for length in lengths:
+            total += self.num_symbols ** length
+            if total > limit:
+                return None
+        held_out = 0
+        for length in lengths:
+            n = self.num_symbols ** length
+            # every sequence of this length: the digits of 0..n-1 in base num_symbols
+            digits = (np.arange(n)[:, None] // self.num_symbols ** np.arange(length)[None, :]) % self.num_symbols
+            symbols = np.full((n, self.length), -1, dtype=np.int64)
+            symbols[:, :length] = digits
+            held_out += int(self.is_held_out(symbols, np.full(n, length)).sum())
+        return total - held_out, held_out
+
     def _draw(self, n, rng, held_out, chunk=None):
         """n (symbols, lengths) from `rng`, keeping only the requested part."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:

@@ -16,82 +16,77 @@ from functools import reduce
 import numpy as np
 
 from .. import functional as F
+from ..autograd import is_grad_enabled
+from ..ops.attention import check_mask_dtype
 from ..shapes import ShapeError
 from ..tensor import Tensor
 from . import init
-from .layers import Linear
+from .layers import Linear, factory_dtype
 from .module import Module, Parameter
+
+_NAME = "MultiheadAttention"  # in error messages
 
 
 def _mask_array(mask, name):
-    """A mask as a numpy array (masks carry no gradient), bool or float."""
+    """A mask as a numpy array, bool or float. Masks carry no gradient here
+    (PyTorch's float masks can), so a mask that requires grad is refused."""
+    if isinstance(mask, Tensor) and mask.requires_grad and is_grad_enabled():
+        raise NotImplementedError(f"{_NAME}: {name} requires grad, but no gradient flows into "
+                                  f"masks here; pass {name}.detach()")
     m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-    if m.dtype != np.bool_ and m.dtype.kind != "f":
-        raise TypeError(f"MultiHeadAttention: {name} must be boolean or floating point, got {m.dtype}")
+    check_mask_dtype(m, _NAME, name)
     return m
 
 
-class MultiHeadAttention(Module):
-    """Multi-head scaled dot-product attention (self- or cross-attention).
+class MultiheadAttention(Module):
+    """Multi-head scaled dot-product attention (self- or cross-attention),
+    with torch.nn.MultiheadAttention's arguments, defaults and masks.
 
-    MultiHeadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
-                       batch_first=True, kdim=None, vdim=None, head_dim=None)
+    MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
+                       add_bias_kv=False, add_zero_attn=False, kdim=None,
+                       vdim=None, batch_first=False, device=None, dtype=None,
+                       *, head_dim=None)
 
-    `head_dim` defaults to embed_dim // num_heads; it may be set apart from it
-    (the seeds' example: embed_dim 4, 8 heads of head_dim 3 give per-head
-    outputs (L, 3) concatenated to (L, 24) and projected by W_O (24, 4)).
+    Also spelled `MultiHeadAttention` (the same class). As in PyTorch the
+    default layout is sequence-first, (L, B, E); pass batch_first=True for
+    (B, L, E). add_bias_kv and add_zero_attn are not implemented (True
+    raises NotImplementedError); device must be None or "cpu", dtype None
+    (float32), float32 or float64.
+
+    Our extension, keyword-only: `head_dim` defaults to embed_dim //
+    num_heads; it may be set apart from it (the seeds' example: embed_dim 4,
+    8 heads of head_dim 3 give per-head outputs (L, 3) concatenated to
+    (L, 24) and projected by W_O (24, 4)).
+
     Parameters, as torch.nn.MultiheadAttention: `in_proj_weight`
     (3 * num_heads * head_dim, embed_dim) and `in_proj_bias`, or
     `q_proj_weight`, `k_proj_weight` (.., kdim), `v_proj_weight` (.., vdim)
     when kdim or vdim differ from embed_dim; `out_proj.weight`, `out_proj.bias`.
     Init as PyTorch: xavier_uniform projections, zero biases.
-
-    forward(query, key, value, key_padding_mask=None, attn_mask=None,
-            need_weights=False, average_attn_weights=True, is_causal=False)
-    -> (output, weights or None)
-
-    Shapes (batch_first=True; with batch_first=False the first two axes of
-    query, key, value and output swap; 2-D inputs are one unbatched sequence):
-        query (B, L, embed_dim), key (B, S, kdim), value (B, S, vdim),
-        output (B, L, embed_dim).
-
-    Masks follow torch.nn.MultiheadAttention exactly:
-        key_padding_mask (B, S): boolean True = this key is padding, ignore
-            it; a float mask is added to the scores of every query.
-        attn_mask (L, S) or (B * num_heads, L, S): boolean True = query i may
-            NOT attend to key j; a float mask is added to the scores
-            (use -inf to block).
-        is_causal: query i attends only to keys j <= i. Without attn_mask the
-            causal mask is built here (PyTorch requires passing it); with
-            attn_mask, the given mask is used as is.
-    A query whose keys are all blocked gets zero weights (PyTorch: NaN), so
-    its output is out_proj(0) = out_proj.bias. (Note that
-    `functional.scaled_dot_product_attention` uses the opposite boolean
-    convention, True = may attend, like torch.nn.functional's; the masks are
-    converted here.)
-
-    need_weights=True also returns the attention weights (before dropout):
-    (B, L, S) averaged over heads, or (B, num_heads, L, S) with
-    average_attn_weights=False. Setting `record_weights = True` keeps the
-    per-head weights of the last call, detached, in `last_attn_weights`
-    (a numpy array (B, num_heads, L, S)) without changing the return value.
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=True,
-                 kdim=None, vdim=None, head_dim=None):
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
+                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
+                 dtype=None, *, head_dim=None):
         super().__init__()
+        dtype = factory_dtype(_NAME, device, dtype)
+        for arg, value in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
+            if value:
+                raise NotImplementedError(f"{_NAME}: {arg}=True is not implemented")
         if num_heads <= 0 or embed_dim <= 0:
-            raise ValueError(f"MultiHeadAttention: embed_dim and num_heads must be positive, "
+            raise ValueError(f"{_NAME}: embed_dim and num_heads must be positive, "
                              f"got {embed_dim} and {num_heads}")
         if head_dim is None:
             if embed_dim % num_heads:
-                raise ValueError(f"MultiHeadAttention: embed_dim {embed_dim} is not divisible by "
+                raise ValueError(f"{_NAME}: embed_dim {embed_dim} is not divisible by "
                                  f"num_heads {num_heads} (pass head_dim to choose the head size)")
             head_dim = embed_dim // num_heads
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = embed_dim if vdim is None else vdim
         self.dropout, self.batch_first = dropout, batch_first
+        self.add_zero_attn = False
+        self.bias_k = self.bias_v = None
         inner = num_heads * head_dim  # width of the concatenated heads
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         if self._qkv_same_embed_dim:
@@ -107,6 +102,8 @@ class MultiHeadAttention(Module):
         self.record_weights = False
         self.last_attn_weights = None
         self._reset_parameters()
+        if dtype is not None:
+            self.to(dtype)
 
     def _reset_parameters(self):
         if self._qkv_same_embed_dim:
@@ -136,14 +133,14 @@ class MultiHeadAttention(Module):
         W_V^i (vdim, head_dim), and W_O^i (head_dim, embed_dim), the rows of
         W_O that multiply head i's output in the concatenation."""
         if not 0 <= i < self.num_heads:
-            raise IndexError(f"MultiHeadAttention.head_weights: head {i} of {self.num_heads}")
+            raise IndexError(f"{_NAME}.head_weights: head {i} of {self.num_heads}")
         rows = slice(i * self.head_dim, (i + 1) * self.head_dim)
         (wq, wk, wv), _ = self._projection_weights()
         return (wq.data[rows].T, wk.data[rows].T, wv.data[rows].T,
                 self.out_proj.weight.data[:, rows].T)
 
     def _check_inputs(self, query, key, value):
-        name = "MultiHeadAttention"
+        name = _NAME
         shapes = f"query {query.shape}, key {key.shape}, value {value.shape}"
         if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
             raise ShapeError(f"{name}: query, key and value must all be 3-D (batched) or all 2-D "
@@ -159,11 +156,13 @@ class MultiHeadAttention(Module):
             raise ShapeError(f"{name}: query and key have different batch sizes "
                              f"(batch_first={self.batch_first}), got {shapes}")
 
-    def _merge_masks(self, key_padding_mask, attn_mask, is_causal, B, L, S, dtype):
+    def _merge_masks(self, key_padding_mask, attn_mask, causal_hint, B, L, S, dtype):
         """One mask for F.scaled_dot_product_attention, broadcastable to
         (B, num_heads, L, S): boolean True = MAY attend (its convention), or
         float (added). Returns (mask, is_causal for SDPA)."""
-        H, name = self.num_heads, "MultiHeadAttention"
+        H, name = self.num_heads, _NAME
+        if causal_hint:  # attn_mask is the causal mask (the caller's promise): let SDPA build it
+            return None, True
         blocked = []  # boolean (True = blocked) or additive float masks
         if attn_mask is not None:
             m = _mask_array(attn_mask, "attn_mask")
@@ -173,10 +172,6 @@ class MultiHeadAttention(Module):
                 raise ShapeError(f"{name}: attn_mask must have shape (L, S) = {(L, S)} or "
                                  f"(batch * num_heads, L, S) = {(B * H, L, S)}, got {m.shape}")
             blocked.append(m)
-        elif is_causal:
-            if key_padding_mask is None:
-                return None, True  # let attention build the causal mask itself
-            blocked.append(np.triu(np.ones((L, S), dtype=bool), k=1))
         if key_padding_mask is not None:
             m = _mask_array(key_padding_mask, "key_padding_mask")
             if m.shape != (B, S):
@@ -190,8 +185,45 @@ class MultiHeadAttention(Module):
         additive = [np.where(m, -np.inf, 0.0) if m.dtype == np.bool_ else m for m in blocked]
         return reduce(np.add, additive).astype(dtype, copy=False), False
 
-    def forward(self, query, key, value, key_padding_mask=None, attn_mask=None,
-                need_weights=False, average_attn_weights=True, is_causal=False):
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        """Attend from `query` to `key`/`value`; returns (output, weights or None).
+
+        Shapes (batch_first=False, the default; with batch_first=True the
+        first two axes of query, key, value and output swap; 2-D inputs are
+        one unbatched sequence):
+            query (L, B, embed_dim), key (S, B, kdim), value (S, B, vdim),
+            output (L, B, embed_dim).
+
+        Masks follow torch.nn.MultiheadAttention exactly:
+            key_padding_mask (B, S): boolean True = this key is padding,
+                ignore it; a float mask is added to the scores of every query.
+            attn_mask (L, S) or (B * num_heads, L, S): boolean True = query i
+                may NOT attend to key j; a float mask is added to the scores
+                (use -inf to block).
+            is_causal: a hint that attn_mask is the causal mask; as in
+                PyTorch it requires attn_mask (RuntimeError without it), and
+                when there is no key_padding_mask and need_weights is False
+                the causal mask is used in place of attn_mask.
+        A query whose keys are all blocked gets zero weights (PyTorch: NaN),
+        so its output is out_proj(0) = out_proj.bias. (Note that
+        `functional.scaled_dot_product_attention` uses the opposite boolean
+        convention, True = may attend, like torch.nn.functional's; the masks
+        are converted here.)
+
+        need_weights=True (the default, as PyTorch) also returns the
+        attention weights (before dropout): (B, L, S) averaged over heads, or
+        (B, num_heads, L, S) with average_attn_weights=False. Setting
+        `record_weights = True` keeps the per-head weights of the last call,
+        detached, in `last_attn_weights` (a numpy array (B, num_heads, L, S))
+        without changing the return value.
+        """
+        if is_causal and attn_mask is None:
+            raise RuntimeError(f"{_NAME}: is_causal=True is a hint that attn_mask is the causal "
+                               "mask and needs attn_mask, as in PyTorch (make it with "
+                               "nn.Transformer.generate_square_subsequent_mask(L))")
+        # PyTorch's rule: with no padding mask and no weights requested, the hint replaces the mask.
+        causal_hint = is_causal and key_padding_mask is None and not need_weights
         self._check_inputs(query, key, value)
         # Self-attention with the stacked in_proj_weight: one packed projection (see below).
         packed = query is key and key is value and self._qkv_same_embed_dim and not need_weights
@@ -204,7 +236,7 @@ class MultiHeadAttention(Module):
             query, key, value = query.swapaxes(0, 1), key.swapaxes(0, 1), value.swapaxes(0, 1)
         B, L, S = query.shape[0], query.shape[1], key.shape[1]
         H, hd = self.num_heads, self.head_dim
-        mask, causal = self._merge_masks(key_padding_mask, attn_mask, is_causal, B, L, S, query.dtype)
+        mask, causal = self._merge_masks(key_padding_mask, attn_mask, causal_hint, B, L, S, query.dtype)
         dropout_p = self.dropout if self.training else 0.0
         want_weights = need_weights or self.record_weights
 
@@ -248,3 +280,6 @@ class MultiHeadAttention(Module):
             parts += [f"kdim={self.kdim}", f"vdim={self.vdim}"]
         parts += [f"dropout={self.dropout}", f"batch_first={self.batch_first}"]
         return ", ".join(parts)
+
+
+MultiHeadAttention = MultiheadAttention  # the seeds' spelling: the same class

@@ -2,7 +2,8 @@
 
 Every function fills `tensor.data` (keeping its dtype and identity) with
 draws from the framework's generator, so `tinygrad_attn.manual_seed(n)`
-makes initialisation reproducible. Each returns the tensor.
+makes initialisation reproducible (or from `generator=`, a numpy Generator,
+where PyTorch takes a torch.Generator). Each returns the tensor.
 
 fan_in / fan_out of a weight of shape (out, in, *kernel) are
 in * prod(kernel) and out * prod(kernel): a Linear weight (out, in) has
@@ -47,39 +48,46 @@ def calculate_gain(nonlinearity, param=None):
     raise ValueError(f"calculate_gain: unsupported nonlinearity {nonlinearity!r}")
 
 
-def uniform_(tensor, a=0.0, b=1.0):
+def _rng(generator):
+    return get_generator() if generator is None else generator
+
+
+def uniform_(tensor, a=0.0, b=1.0, generator=None):
     """Fill with draws from U(a, b)."""
-    return _fill(tensor, get_generator().uniform(a, b, size=tensor.shape))
+    return _fill(tensor, _rng(generator).uniform(a, b, size=tensor.shape))
 
 
-def normal_(tensor, mean=0.0, std=1.0):
+def normal_(tensor, mean=0.0, std=1.0, generator=None):
     """Fill with draws from N(mean, std^2)."""
-    return _fill(tensor, get_generator().normal(mean, std, size=tensor.shape))
+    return _fill(tensor, _rng(generator).normal(mean, std, size=tensor.shape))
 
 
-def constant_(tensor, value):
-    return _fill(tensor, value)
+def constant_(tensor, val):
+    """Fill with the value `val`."""
+    return _fill(tensor, val)
 
 
 def zeros_(tensor):
+    """Fill with zeros."""
     return _fill(tensor, 0)
 
 
 def ones_(tensor):
+    """Fill with ones."""
     return _fill(tensor, 1)
 
 
-def xavier_uniform_(tensor, gain=1.0):
+def xavier_uniform_(tensor, gain=1.0, generator=None):
     """Glorot: U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out))."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-    return uniform_(tensor, -bound, bound)
+    return uniform_(tensor, -bound, bound, generator)
 
 
-def xavier_normal_(tensor, gain=1.0):
+def xavier_normal_(tensor, gain=1.0, generator=None):
     """Glorot: N(0, std^2) with std = gain * sqrt(2 / (fan_in + fan_out))."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
-    return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
+    return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
 
 
 def _kaiming_std(tensor, a, mode, nonlinearity):
@@ -90,17 +98,17 @@ def _kaiming_std(tensor, a, mode, nonlinearity):
     return calculate_gain(nonlinearity, a) / math.sqrt(fan)
 
 
-def kaiming_uniform_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu"):
+def kaiming_uniform_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
     """He: U(-b, b) with b = gain * sqrt(3 / fan). nn.Linear's default is
     a = sqrt(5), which gives b = 1 / sqrt(fan_in)."""
-    if tensor.size == 0:
+    if tensor.numel() == 0:
         return tensor
     bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
-    return uniform_(tensor, -bound, bound)
+    return uniform_(tensor, -bound, bound, generator)
 
 
-def kaiming_normal_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu"):
+def kaiming_normal_(tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
     """He: N(0, std^2) with std = gain / sqrt(fan)."""
-    if tensor.size == 0:
+    if tensor.numel() == 0:
         return tensor
-    return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity))
+    return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity), generator)

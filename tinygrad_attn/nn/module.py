@@ -15,7 +15,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..tensor import Tensor, _canonical_dtype
+from ..tensor import Tensor, _to_args
 
 
 class Parameter(Tensor):
@@ -100,6 +100,8 @@ class Module:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def forward(self, *args, **kwargs):
+        """The computation of this layer; subclasses define it. Call the
+        module itself, `layer(x)`, rather than `layer.forward(x)`."""
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args, **kwargs):
@@ -133,6 +135,7 @@ class Module:
                 yield name, value
 
     def children(self):
+        """Each direct sub-module."""
         return (module for _, module in self.named_children())
 
     def _walk(self, prefix=""):
@@ -142,16 +145,20 @@ class Module:
         for name, child in self.named_children():
             yield from child._walk(_join(prefix, name))
 
-    def named_modules(self, prefix=""):
-        """(dotted name, module) for this module ("") and every sub-module, each once."""
-        seen = set()
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(dotted name, module) for this module ("") and every sub-module,
+        each once (under every path with remove_duplicate=False). `memo`, as
+        PyTorch's, is a set of modules to leave out (it is filled in)."""
+        seen = set() if memo is None else memo
         for name, module in self._walk(prefix):
-            if id(module) not in seen:
-                seen.add(id(module))
+            if module not in seen or not remove_duplicate:
+                if remove_duplicate:
+                    seen.add(module)
                 yield name, module
 
-    def modules(self):
-        return (module for _, module in self.named_modules())
+    def modules(self, remove_duplicate=True):
+        """Every module, this one first, each once (see named_modules)."""
+        return (module for _, module in self.named_modules(remove_duplicate=remove_duplicate))
 
     def get_submodule(self, target):
         """The sub-module at dotted path `target` ("" is this module)."""
@@ -164,31 +171,41 @@ class Module:
             module = children[part]
         return module
 
-    def named_parameters(self, prefix="", recurse=True):
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
         """(dotted name, Parameter) for every parameter; a parameter shared
-        by two layers (tied weights) is listed once, under its first name."""
+        by two layers (tied weights) is listed once, under its first name
+        (under each name with remove_duplicate=False)."""
         seen = set()
-        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        modules = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse
+                   else [(prefix, self)])
         for module_name, module in modules:
             for name, p in module._own_parameters():
-                if id(p) not in seen:
+                if id(p) not in seen or not remove_duplicate:
                     seen.add(id(p))
                     yield _join(module_name, name), p
 
     def parameters(self, recurse=True):
+        """Every Parameter, each once (see named_parameters)."""
         return (p for _, p in self.named_parameters(recurse=recurse))
 
-    def named_buffers(self, prefix=""):
-        for module_name, module in self.named_modules(prefix):
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        """(dotted name, Tensor) for every buffer (see register_buffer)."""
+        seen = set()
+        modules = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse
+                   else [(prefix, self)])
+        for module_name, module in modules:
             for name, b in module._own_buffers():
-                yield _join(module_name, name), b
+                if id(b) not in seen or not remove_duplicate:
+                    seen.add(id(b))
+                    yield _join(module_name, name), b
 
-    def buffers(self):
-        return (b for _, b in self.named_buffers())
+    def buffers(self, recurse=True):
+        """Every buffer, each once."""
+        return (b for _, b in self.named_buffers(recurse=recurse))
 
     def num_parameters(self, trainable_only=False):
         """Number of scalars in the parameters (shared ones counted once)."""
-        return sum(p.size for p in self.parameters() if p.requires_grad or not trainable_only)
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
     def apply(self, fn):
         """Call `fn(module)` on every sub-module, then on this one (custom init)."""
@@ -209,6 +226,7 @@ class Module:
         return self.train(False)
 
     def requires_grad_(self, requires_grad=True):
+        """Set requires_grad on every parameter (False freezes the module); returns self."""
         for p in self.parameters():
             p.requires_grad = requires_grad
         return self
@@ -221,10 +239,14 @@ class Module:
             elif p.grad is not None:
                 p.grad.data[...] = 0
 
-    def to(self, dtype):
-        """Convert every floating parameter and buffer (and gradient) to
-        `dtype`, in place, keeping the same Parameter objects. Returns self."""
-        dtype = _canonical_dtype(dtype)
+    def to(self, *args, **kwargs):
+        """Convert every floating parameter and buffer (and gradient) to a
+        floating dtype, in place, keeping the same Parameter objects; returns
+        self. As torch's: to(dtype), to("cpu") (nothing to do: the CPU is the
+        only device), to("cpu", dtype), to(tensor) (its dtype), dtype=/device=."""
+        dtype, _ = _to_args(args, dict(kwargs), f"{type(self).__name__}.to")
+        if dtype is None:
+            return self
         if dtype.kind != "f":
             raise TypeError(f"{type(self).__name__}.to: modules hold floating point weights, "
                             f"cannot convert to {dtype}")
@@ -236,25 +258,32 @@ class Module:
                         t.grad = Tensor(t.grad.data.astype(dtype))
         return self
 
+    def cpu(self):
+        """self: the CPU is the only device (PyTorch's model.cpu())."""
+        return self
+
     def double(self):
+        """to(float64)."""
         return self.to(np.float64)
 
     def float(self):
+        """to(float32)."""
         return self.to(np.float32)
 
     # ------------------------------------------------------------ state dict
-    def state_dict(self, prefix="", keep_vars=False):
+    def state_dict(self, *, destination=None, prefix="", keep_vars=False):
         """An ordered dict from dotted name to Tensor: every parameter and
         persistent buffer, with PyTorch's names. The tensors are detached but
         share memory with the module (copy them to keep a snapshot);
-        `keep_vars=True` returns the Parameters themselves."""
-        state = OrderedDict()
+        `keep_vars=True` returns the Parameters themselves; `destination`,
+        a dict to fill, is returned instead of a new one."""
+        state = OrderedDict() if destination is None else destination
         for module_name, module in self._walk(prefix):
             for name, t in chain(module._own_parameters(), module._own_buffers(persistent_only=True)):
                 state[_join(module_name, name)] = t if keep_vars else t.detach()
         return state
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
         """Copy values from `state_dict` (name -> Tensor, numpy array or torch
         tensor) into the parameters and persistent buffers, in place.
 
@@ -262,8 +291,12 @@ class Module:
         impossible cast (float into int) and, with `strict=True`, a missing or
         unexpected key raise `StateDictError` naming every problem, and the
         module is left untouched. Values are cast to each parameter's dtype.
-        Returns (missing_keys, unexpected_keys).
+        Returns (missing_keys, unexpected_keys). assign=True (PyTorch's: take
+        the given tensors as the parameters) is not implemented.
         """
+        if assign:
+            raise NotImplementedError("load_state_dict: assign=True is not implemented (values "
+                                      "are copied into the existing parameters)")
         targets = self.state_dict(keep_vars=True)
         missing = [k for k in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in targets]
@@ -303,7 +336,7 @@ class Module:
 
     def summary(self):
         """A table of every parameter (name, shape, count) and the total."""
-        rows = [(name, str(p.shape), p.size) for name, p in self.named_parameters()]
+        rows = [(name, str(p.shape), p.numel()) for name, p in self.named_parameters()]
         width = max([len(r[0]) for r in rows] + [9])
         lines = [f"{name:<{width}}  {shape:<14} {count:>10,}" for name, shape, count in rows]
         lines.append(f"{'total':<{width}}  {'':<14} {self.num_parameters():>10,}")
@@ -322,24 +355,27 @@ class ModuleList(Module):
     It has no forward: the owner decides how to call its items.
     """
 
-    def __init__(self, modules=()):
+    def __init__(self, modules=None):
         super().__init__()
-        self._items = [_check_module("ModuleList", m) for m in modules]
+        self._items = [_check_module("ModuleList", m) for m in (modules or ())]
 
     def named_children(self):
         yield from ((str(i), m) for i, m in enumerate(self._items))
         yield from super().named_children()
 
     def append(self, module):
+        """Add `module` at the end; returns self."""
         self._items.append(_check_module("ModuleList", module))
         return self
 
     def extend(self, modules):
+        """Append each of `modules`; returns self."""
         for m in modules:
             self.append(m)
         return self
 
     def insert(self, index, module):
+        """Insert `module` before position `index`."""
         self._items.insert(index, _check_module("ModuleList", module))
 
     def __getitem__(self, index):
@@ -371,6 +407,7 @@ class ModuleDict(Module):
         yield from super().named_children()
 
     def update(self, modules):
+        """Add or replace modules from a dict or from (key, module) pairs."""
         items = modules.items() if hasattr(modules, "items") else modules
         for key, module in items:
             self[key] = module
@@ -396,12 +433,15 @@ class ModuleDict(Module):
         return iter(self._items)
 
     def keys(self):
+        """The keys, in insertion order."""
         return self._items.keys()
 
     def values(self):
+        """The modules, in insertion order."""
         return self._items.values()
 
     def items(self):
+        """(key, module) pairs, in insertion order."""
         return self._items.items()
 
 
@@ -412,12 +452,12 @@ class Sequential(Module):
     OrderedDict given as the only argument.
     """
 
-    def __init__(self, *modules):
+    def __init__(self, *args):
         super().__init__()
-        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
-            items = modules[0].items()
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            items = args[0].items()
         else:
-            items = ((str(i), m) for i, m in enumerate(modules))
+            items = ((str(i), m) for i, m in enumerate(args))
         self._items = OrderedDict((name, _check_module("Sequential", m)) for name, m in items)
 
     def named_children(self):
@@ -425,6 +465,7 @@ class Sequential(Module):
         yield from super().named_children()
 
     def append(self, module):
+        """Add `module` at the end (named by its position); returns self."""
         self._items[str(len(self._items))] = _check_module("Sequential", module)
         return self
 
@@ -439,7 +480,8 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._items.values())
 
-    def forward(self, x):
+    def forward(self, input):
+        """Each module applied in turn to the previous one's output."""
         for module in self._items.values():
-            x = module(x)
-        return x
+            input = module(input)
+        return input

@@ -47,6 +47,7 @@ class PositionalEncoding(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x):
+        """x (..., T, d_model), batch first (one table row per position T) -> dropout(x + PE[:T])."""
         _check("PositionalEncoding", x, self.d_model, self.max_len)
         pe = self.pe.data[:x.shape[-2]]
         return self.dropout(x + Tensor(pe.astype(x.dtype, copy=False)))
@@ -67,6 +68,7 @@ class LearnedPositionalEmbedding(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x):
+        """x (..., T, d_model), batch first -> dropout(x + W[:T])."""
         _check("LearnedPositionalEmbedding", x, self.d_model, self.max_len)
         return self.dropout(x + self.weight[:x.shape[-2]])
 

@@ -21,10 +21,18 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import (BLAS_NS, as_matrices, as_rows, batch_index, float_dtype, items_per_range,
-                      output_like, run_rows)
+from .array_views import as_matrices, as_rows, batch_index, float_dtype, output_like
 from .dropout import draw_key, keep_rule
 from .matmul import stack_product
+
+
+def check_mask_dtype(mask, op, name="attn_mask"):
+    """The one rule for attention masks, shared with MultiHeadAttention: boolean
+    (True = may attend) or floating point (added to the scores). An integer
+    mask is ambiguous (0/1 flags or additive?), so it is refused, as PyTorch does."""
+    if mask.dtype != np.bool_ and mask.dtype.kind != "f":
+        raise TypeError(f"{op}: {name} must be boolean or floating point, got {mask.dtype} "
+                        "(convert 0/1 flags with mask.astype(bool))")
 
 
 class _Plan:
@@ -44,6 +52,7 @@ class _Plan:
         self.Ev = 0 if v is None else v.shape[-1]
         mask_batch = () if mask is None else mask.shape[:-2]
         if mask is not None:
+            check_mask_dtype(mask, op)
             broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
         self.batch = broadcast_shapes(f"{op} (batch dimensions)", *(a.shape[:-2] for a in operands),
                                       mask_batch, value_batch)
@@ -59,7 +68,8 @@ class _Plan:
                 additive = np.where(full, self.dtype.type(0), self.dtype.type(-np.inf))
             else:
                 additive = full.astype(self.dtype)
-            self.mask = np.ascontiguousarray(additive).reshape(-1, self.L, self.S)
+            # (not reshape(-1, L, S): L may be 0)
+            self.mask = np.ascontiguousarray(additive).reshape(math.prod(mask_batch), self.L, self.S)
             self.im = batch_index(mask_batch, self.batch)
 
     def scale(self, scale):
@@ -79,13 +89,6 @@ class _Plan:
         return np.empty(shape, self.dtype)
 
 
-def _items_per_range(plan, backward=False):
-    """Batch indices per thread range: one is L*S*(E+Ev) multiply-adds by BLAS (twice
-    that backward) and a softmax row pass of ~1.3 ns per score (exp)."""
-    products = plan.L * plan.S * (plan.E + plan.Ev) * (2 if backward else 1)
-    return items_per_range(BLAS_NS * products + 1.3 * plan.L * plan.S)
-
-
 def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
     """Run the forward kernel: P_i and out_i = (P_i * D) V_i for every batch index i.
 
@@ -101,10 +104,8 @@ def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
         key = draw_key() if seed is None else np.uint32(seed)
     weights = np.empty((plan.n, plan.L, plan.S), dtype)
     if plan.n and plan.L:
-        kernels.parallel_for(kernels.attention_forward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
-                             plan.E, plan.Ev, plan.mask, plan.im, has_mask, bool(is_causal),
-                             scale, key, threshold, keep_scale, weights, *plan.blas(out),
-                             min_items=_items_per_range(plan))
+        kernels.attention_forward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, plan.mask, plan.im, has_mask,
+                                  bool(is_causal), scale, key, threshold, keep_scale, weights, *plan.blas(out))
     ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
     ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
     ctx.save_for_backward(weights)
@@ -118,10 +119,9 @@ def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
     plan = ctx.plan
     dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
     if plan.n and plan.L:
-        kernels.parallel_for(kernels.attention_backward, plan.n, kernels.BLAS, *plan.q, *plan.k, *plan.v,
-                             plan.E, plan.Ev, weights, *plan.blas(grad.astype(plan.dtype, copy=False)),
-                             ctx.scale, *ctx.dropout, *plan.blas(dq), *plan.blas(dk), *plan.blas(dv),
-                             dmask, want_dmask, min_items=_items_per_range(plan, backward=True))
+        kernels.attention_backward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, weights,
+                                   *plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, *ctx.dropout,
+                                   *plan.blas(dq), *plan.blas(dk), *plan.blas(dv), dmask, want_dmask)
     else:
         dk[...], dv[...] = 0, 0  # no query: nothing flows back
     return dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None
@@ -193,8 +193,7 @@ class AttentionWeights(Function):
         p2 = as_rows(weights)
         ds = np.empty_like(p2)
         if ds.size:
-            run_rows(kernels.softmax_backward, p2.shape[0], 0.25 * plan.S, p2, as_rows(grad, plan.dtype), ds,
-                     False)
+            kernels.softmax_backward(p2, as_rows(grad, plan.dtype), ds, False)
         ds = ds.reshape(plan.batch + (plan.L, plan.S))
         dsm = plan.blas(ds)
         dq = stack_product(dsm, False, plan.k, False, plan.batch, plan.L, plan.E, plan.S, plan.dtype)

@@ -3,7 +3,7 @@
 Why fused: the composite version (`tinygrad_attn.reference.dropout`) draws
 a float per element from numpy's generator, compares, converts and
 multiplies, four passes with temporaries; the kernel hashes each element's
-index (see kernels/mathx.py) and multiplies in one vectorized pass. The
+index (see kernels/random_bits.py) and multiplies in one vectorized pass. The
 mask is a function of (key, index), so backward regenerates it instead of
 keeping it in memory.
 """
@@ -12,7 +12,7 @@ import numpy as np
 from ..autograd import Function
 from ..random import get_generator
 from . import kernels
-from ._layout import float_dtype, items_per_range
+from .array_views import float_dtype
 
 
 def draw_key():
@@ -35,12 +35,11 @@ def apply_mask(x, key, threshold, scale):
     """x * mask * scale for an array of any shape (the mask follows C order)."""
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    kernels.parallel_for(kernels.dropout_apply, flat.size, flat, key, threshold, scale, out,
-                         min_items=items_per_range(0.8))  # ns per element: the hash
+    kernels.dropout_apply(flat, key, threshold, scale, out)
     return out.reshape(x.shape)
 
 
-class Dropout(Function):
+class DropoutOp(Function):
     """y = x * m / (1 - p), m_i = 0 with probability p, else 1 (the same m in backward).
 
     dL/dx = g * m / (1 - p)

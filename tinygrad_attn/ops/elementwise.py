@@ -9,10 +9,7 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import broadcast_shapes
 from . import kernels
-from ._layout import float_dtype, items_per_range
-
-# ns per element on one core (see _layout.RANGE_NS): two exps and a division
-_GELU_RANGE = items_per_range(2.0)
+from .array_views import float_dtype
 
 
 def _check_broadcast(op, a, b):
@@ -84,8 +81,11 @@ class Div(Function):
 class Pow(Function):
     """z = x ** y.   dz/dx = y * x^(y-1), dz/dy = x^y * ln(x).
 
-    The exponent's gradient is only computed when the exponent requires grad
-    (it is NaN for negative bases, as in PyTorch).
+    As in PyTorch: dz/dx = 0 where y = 0 (x ** 0 is the constant 1, even at
+    x = 0, where y * x^(y-1) would be 0 * inf); dz/dy = 0 where x = 0 and
+    y >= 0 (x^y = 0 or 1 there, not 0 * ln 0). The exponent's gradient is
+    only computed when the exponent requires grad (it is NaN for negative
+    bases, as in PyTorch).
     """
 
     @staticmethod
@@ -98,11 +98,13 @@ class Pow(Function):
     @staticmethod
     def backward(ctx, grad):
         x, y, z = ctx.saved_tensors
-        gx = grad * y * np.power(x, y - 1) if ctx.needs_input_grad[0] else None
-        gy = None
-        if ctx.needs_input_grad[1]:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                gy = grad * z * np.log(x)
+        zero = np.zeros((), grad.dtype)
+        gx = gy = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if ctx.needs_input_grad[0]:
+                gx = np.where(y == 0, zero, grad * y * np.power(x, y - 1))
+            if ctx.needs_input_grad[1]:
+                gy = np.where((x == 0) & (y >= 0), zero, grad * z * np.log(x))
         return gx, gy
 
 
@@ -193,19 +195,29 @@ class Tanh(Function):
 
 
 class Sigmoid(Function):
-    """z = 1 / (1 + e^-x).   dz/dx = z (1 - z)."""
+    """z = 1 / (1 + e^-x).   dz/dx = z (1 - z) = e / (1 + e)^2,  e = e^-|x|.
+
+    Computed from e = e^-|x|, which never overflows: z = 1 / (1 + e) for
+    x >= 0 and e / (1 + e) for x < 0. Both keep full relative precision
+    (no 1 - tiny, no tanh rounding to -1), so sigmoid(-100) is 3.7e-44 in
+    float32, not 0, and log(sigmoid(x)) stays finite. The derivative, being
+    symmetric in x, depends on e alone, and so is accurate on both tails
+    (z (1 - z) would round to 0 for large positive x).
+    """
 
     @staticmethod
     def forward(ctx, x):
-        # 0.5 * (1 + tanh(x / 2)) is the same function and never overflows.
-        z = 0.5 * (1 + np.tanh(0.5 * x))
-        ctx.save_for_backward(z)
+        e = np.exp(-np.abs(x))
+        inv = 1 / (1 + e)
+        z = np.where(x >= 0, inv, e * inv)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(e * inv * inv)  # the derivative, ready for backward
         return z
 
     @staticmethod
     def backward(ctx, grad):
-        z, = ctx.saved_tensors
-        return grad * z * (1 - z)
+        slope, = ctx.saved_tensors
+        return grad * slope
 
 
 class Relu(Function):
@@ -244,7 +256,7 @@ class Gelu(Function):
         flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty_like(flat)
         ctx.tanh = approximate == "tanh"
-        kernels.parallel_for(kernels.gelu_forward, flat.size, flat, ctx.tanh, out, min_items=_GELU_RANGE)
+        kernels.gelu_forward(flat, ctx.tanh, out)
         ctx.save_for_backward(flat)
         return out.reshape(x.shape)
 
@@ -253,7 +265,7 @@ class Gelu(Function):
         flat, = ctx.saved_tensors
         g = np.ascontiguousarray(grad, dtype=flat.dtype).reshape(-1)
         dx = np.empty_like(flat)
-        kernels.parallel_for(kernels.gelu_backward, flat.size, flat, g, ctx.tanh, dx, min_items=_GELU_RANGE)
+        kernels.gelu_backward(flat, g, ctx.tanh, dx)
         return dx.reshape(grad.shape)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError
 from . import kernels
-from ._layout import float_dtype, run_rows
+from .array_views import float_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -43,6 +43,11 @@ class CrossEntropy(Function):
             raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+        if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
+            raise TypeError(f"cross_entropy: ignore_index must be an integer, got {ignore_index!r}")
+        if not -2 ** 63 <= ignore_index < 2 ** 63:
+            raise ValueError(f"cross_entropy: ignore_index {ignore_index} is outside the int64 range of "
+                             "class indices")
         t = np.asarray(target)
         if t.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
@@ -63,9 +68,7 @@ class CrossEntropy(Function):
         loss, row_max, log_sum = (np.empty(x2.shape[0], dtype) for _ in range(3))
         smoothing = dtype.type(label_smoothing)
         if x2.size:
-            # ~1 ns per class (an exp), see _layout.RANGE_NS
-            run_rows(kernels.cross_entropy_forward, x2.shape[0], 1.0 * n_classes, x2, t, ignore_index,
-                     smoothing, loss, row_max, log_sum)
+            kernels.cross_entropy_forward(x2, t, ignore_index, smoothing, loss, row_max, log_sum)
         elif n_classes == 0 and valid.any():
             raise ShapeError("cross_entropy: logits have no classes")
         ctx.save_for_backward(x2, t, row_max, log_sum)
@@ -88,8 +91,8 @@ class CrossEntropy(Function):
             row_grad = np.full(x2.shape[0], g, x2.dtype)
         dx2 = np.empty_like(x2)
         if x2.size:
-            run_rows(kernels.cross_entropy_backward, x2.shape[0], 0.8 * x2.shape[1], x2, t, row_max, log_sum,
-                     row_grad, ctx.ignore_index, ctx.smoothing, dx2)
+            kernels.cross_entropy_backward(x2, t, row_max, log_sum, row_grad, ctx.ignore_index, ctx.smoothing,
+                                           dx2)
         shape = ctx.logits_shape
         if len(shape) > 2:
             return np.moveaxis(dx2.reshape((shape[0],) + shape[2:] + (shape[1],)), -1, 1)

@@ -1,11 +1,11 @@
-"""Matrix multiplication with numpy's batch broadcasting, and `Linear` (x W^T + b).
+"""Matrix multiplication with numpy's batch broadcasting, and `LinearOp` (x W^T + b).
 
-Products of two matrices go to BLAS through numpy. Stacks of matrices go
-to the `batched_matmul` kernel: numpy would run them one after another on
-one core, the kernel spreads the batch over threads and reads permuted,
-transposed (K^T) and broadcast operands where they are instead of copying
-them. A stack times a single matrix is one big product: (..., n, k) @
-(k, m) is computed as (rows, k) @ (k, m).
+Every product of two matrices or more goes to the `batched_matmul` kernel,
+which cuts the work into pieces and calls BLAS on each, reading
+permuted, transposed (K^T) and broadcast operands where they are instead
+of copying them. A stack times a single matrix is one big product:
+(..., n, k) @ (k, m) is computed as (rows, k) @ (k, m). Only products with
+a 1-D operand (vectors, cheap) are left to numpy.
 """
 import math
 
@@ -14,7 +14,7 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
 from . import kernels
-from ._layout import BLAS_NS, as_matrices, items_per_range
+from .array_views import as_matrices
 
 
 def check_matmul_shapes(a_shape, b_shape):
@@ -32,24 +32,33 @@ def check_matmul_shapes(a_shape, b_shape):
 
 def _flat_rows(x):
     """(..., k) as a (rows, k) matrix (a view when x is contiguous)."""
-    return x.reshape(-1, x.shape[-1])
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: k may be 0
 
 
-def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype):
-    """The stack op(A_i) @ op(B_i), i over the flattened `batch`, shaped batch + (m, n).
+def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype, bias=None):
+    """The stack op(A_i) @ op(B_i) (+ bias), i over the flattened `batch`, shaped batch + (m, n).
 
     a and b are (buffer, offsets, row stride) triples from `as_matrices`;
-    op transposes when flagged. Small products share the batch across
-    threads; large ones (where BLAS threads each product) run one by one.
-    """
-    count = math.prod(batch)
-    out = np.empty((count, m, n), dtype)
-    if out.size:
-        flops = m * n * k
-        per_range = count if flops >= 1 << 21 else items_per_range(BLAS_NS * flops)
-        kernels.parallel_for(kernels.batched_matmul, count, kernels.BLAS, *a, trans_a, *b, trans_b, m, n, k,
-                             out, min_items=per_range)
+    op transposes when flagged."""
+    out = np.empty((math.prod(batch), m, n), dtype)
+    kernels.batched_matmul(*a, trans_a, *b, trans_b, m, n, k, out, bias)
     return out.reshape(tuple(batch) + (m, n))
+
+
+def product(a, b, bias=None):
+    """a @ b (+ bias) for operands of two or more axes, numpy's batch broadcasting."""
+    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):  # integers: numpy
+        return np.matmul(a, b) if bias is None else np.matmul(a, b) + bias
+    batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
+    *ma, ta = as_matrices(a, batch, allow_transposed=True)
+    *mb, tb = as_matrices(b, batch, allow_transposed=True)
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    return stack_product(ma, ta, mb, tb, batch, m, n, k, np.result_type(a, b), bias)
+
+
+def transposed(x):
+    """x with its last two axes swapped (a view: BLAS reads it transposed)."""
+    return np.swapaxes(x, -1, -2)
 
 
 class MatMul(Function):
@@ -63,37 +72,28 @@ class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
         check_matmul_shapes(a.shape, b.shape)
+        dtype = np.result_type(a, b)
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         ctx.save_for_backward(a, b)
-        ctx.kind = "numpy"
-        if a.ndim >= 3 and b.ndim == 2:
-            ctx.kind = "rows"  # one product (rows, k) @ (k, m)
-            return (_flat_rows(a) @ b).reshape(a.shape[:-1] + (b.shape[1],))
-        if a.ndim >= 2 and b.ndim >= 2 and max(a.ndim, b.ndim) >= 3:
-            ctx.kind = "stacks"
-            ctx.batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
-            ctx.dtype = np.result_type(a, b)
-            a, b = a.astype(ctx.dtype, copy=False), b.astype(ctx.dtype, copy=False)
-            *ctx.a, ctx.ta = as_matrices(a, ctx.batch, allow_transposed=True)
-            *ctx.b, ctx.tb = as_matrices(b, ctx.batch, allow_transposed=True)
-            m, k = a.shape[-2:]
-            return stack_product(ctx.a, ctx.ta, ctx.b, ctx.tb, ctx.batch, m, b.shape[-1], k, ctx.dtype)
-        return np.matmul(a, b)
+        if a.ndim < 2 or b.ndim < 2:  # a vector: numpy
+            return np.matmul(a, b)
+        if a.ndim >= 3 and b.ndim == 2:  # one product (rows, k) @ (k, m)
+            return product(_flat_rows(a), b).reshape(a.shape[:-1] + (b.shape[1],))
+        return product(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
-        if ctx.kind == "rows":
-            g = _flat_rows(grad)
-            return ((g @ b.T).reshape(a.shape) if need_a else None,
-                    _flat_rows(a).T @ g if need_b else None)
-        if ctx.kind == "stacks":
-            (m, k), n = a.shape[-2:], b.shape[-1]
-            *g, tg = as_matrices(grad.astype(ctx.dtype, copy=False), ctx.batch, allow_transposed=True)
-            # dA = G B^T: B^T is b's storage with the flag flipped; dB = A^T G likewise.
-            ga = stack_product(g, tg, ctx.b, not ctx.tb, ctx.batch, m, k, n, ctx.dtype) if need_a else None
-            gb = stack_product(ctx.a, not ctx.ta, g, tg, ctx.batch, k, n, m, ctx.dtype) if need_b else None
-            return ga, gb
+        grad = grad.astype(a.dtype, copy=False)
+        if a.ndim >= 2 and b.ndim >= 2:
+            if a.ndim >= 3 and b.ndim == 2:  # the single product of forward
+                a2, g2 = _flat_rows(a), _flat_rows(grad)
+                return (product(g2, transposed(b)).reshape(a.shape) if need_a else None,
+                        product(transposed(a2), g2) if need_b else None)
+            # dA = G B^T, dB = A^T G over the broadcast batch (the engine sums broadcast axes)
+            return (product(grad, transposed(b)) if need_a else None,
+                    product(transposed(a), grad) if need_b else None)
         if a.ndim == 1 and b.ndim == 1:  # dot product: z is a scalar
             return grad * b, grad * a
         a2 = a[None, :] if a.ndim == 1 else a
@@ -102,24 +102,25 @@ class MatMul(Function):
         g2 = np.expand_dims(g2, -1) if b.ndim == 1 else g2
         ga = gb = None
         if need_a:
-            ga = np.matmul(g2, np.swapaxes(b2, -1, -2))
+            ga = np.matmul(g2, transposed(b2))
             ga = ga[..., 0, :] if a.ndim == 1 else ga
         if need_b:
-            gb = np.matmul(np.swapaxes(a2, -1, -2), g2)
+            gb = np.matmul(transposed(a2), g2)
             gb = gb[..., 0] if b.ndim == 1 else gb
         return ga, gb
 
 
-class Linear(Function):
+class LinearOp(Function):
     """y = x W^T + b, with x: (..., in), W: (out, in) as in torch.nn.Linear, b: (out,).
 
     dL/dx = g W,   dL/dW = g^T x,   dL/db = sum of g      (g = dL/dy; the
     sums run over all leading axes of x)
 
     Why fused: x is flattened to one (rows, in) matrix, so forward and each
-    gradient are single BLAS calls (numpy's matmul would loop over leading
+    gradient are single products (numpy's matmul would loop over leading
     axes and the engine would then sum a stack of weight gradients); W^T is
-    read transposed by BLAS, not copied; the bias is added in place.
+    read transposed by BLAS, not copied; the bias is added to each block of
+    the output while it is in cache.
     """
 
     @staticmethod
@@ -130,10 +131,10 @@ class Linear(Function):
             raise ShapeError(f"linear: input of shape {x.shape} does not fit a weight of shape "
                              f"{weight.shape}{with_bias} (expected weight (out, in) with in = the "
                              "input's last dim, bias (out,))")
-        x2 = _flat_rows(x)
-        y = x2 @ weight.T
-        if bias is not None:
-            y += bias
+        dtype = np.result_type(x, weight)
+        x2 = _flat_rows(x).astype(dtype, copy=False)
+        weight = weight.astype(dtype, copy=False)
+        y = product(x2, transposed(weight), None if bias is None else bias.astype(dtype, copy=False))
         ctx.save_for_backward(x2, weight)
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
         return y.reshape(x.shape[:-1] + (weight.shape[0],))
@@ -141,10 +142,10 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, grad):
         x2, weight = ctx.saved_tensors
-        g = _flat_rows(grad)
+        g = _flat_rows(grad).astype(x2.dtype, copy=False)
         grads = (
-            (g @ weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
-            g.T @ x2 if ctx.needs_input_grad[1] else None,
+            product(g, weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+            product(transposed(g), x2) if ctx.needs_input_grad[1] else None,
         )
         if ctx.has_bias:
             grads += (g.sum(axis=0) if ctx.needs_input_grad[2] else None,)

@@ -12,12 +12,20 @@ from ..autograd import Function
 from ..shapes import ShapeError, normalize_axis, normalize_new_axis, unbroadcast
 
 
+def _check_int_dims(op, shape):
+    """A new shape must be integers (-1 included); numpy's own error would not name the op."""
+    dims = shape if isinstance(shape, (tuple, list)) else (shape,)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) for d in dims):
+        raise TypeError(f"{op}: the shape must be integers, got {shape!r}")
+
+
 class Reshape(Function):
     """z = x viewed with a new shape (same elements, same order).   dz/dx: reshape back."""
 
     @staticmethod
     def forward(ctx, x, shape):
         ctx.in_shape = x.shape
+        _check_int_dims("reshape", shape)
         try:
             return x.reshape(shape)
         except ValueError:
@@ -55,6 +63,7 @@ class Expand(Function):
     @staticmethod
     def forward(ctx, x, shape):
         shape = tuple(shape)
+        _check_int_dims("expand", shape)
         lead = len(shape) - x.ndim
         if lead < 0:
             raise ShapeError(f"expand: cannot expand a tensor of shape {x.shape} to fewer "
@@ -73,18 +82,47 @@ class Expand(Function):
         return unbroadcast(grad, ctx.in_shape)
 
 
-def _normalize_index(index):
-    """Turn Tensors and lists inside an index into numpy arrays and boolean
-    masks into the integer arrays they select, so that forward and backward
-    index the same elements."""
-    from ..tensor import Tensor
+def _axes_used(item):
+    """How many axes of the indexed array an index item consumes (Ellipsis aside)."""
+    if item is None or isinstance(item, (bool, np.bool_)):  # x[None], x[True]: a new axis
+        return 0
+    if isinstance(item, np.ndarray) and item.dtype == np.bool_:
+        return item.ndim
+    return 1
+
+
+def _check_boolean_masks(items, shape):
+    """numpy's rule: a boolean mask has exactly the shape of the axes it
+    indexes. (Turned into integer arrays below, a mask that is too short
+    would silently select from the first rows instead.)"""
+    fill = len(shape) - sum(_axes_used(i) for i in items if i is not Ellipsis)
+    axis = 0
+    for item in items:
+        if item is Ellipsis:
+            axis += max(fill, 0)
+            continue
+        if isinstance(item, np.ndarray) and item.dtype == np.bool_ and item.ndim:
+            covered = shape[axis:axis + item.ndim]
+            if len(covered) < item.ndim:
+                raise IndexError(f"getitem: a boolean index of shape {item.shape} at axis {axis} runs "
+                                 f"past the last axis of a tensor of shape {shape}")
+            if item.shape != covered:
+                where = (f"axis {axis} (size {covered[0]})" if item.ndim == 1
+                         else f"axes {axis}..{axis + item.ndim - 1} (sizes {covered})")
+                raise IndexError(f"getitem: a boolean index of shape {item.shape} does not match "
+                                 f"{where} of a tensor of shape {shape}")
+        axis += _axes_used(item)
+
+
+def _normalize_index(index, shape):
+    """Turn lists inside an index into numpy arrays and boolean masks into the
+    integer arrays they select, so that forward and backward index the same
+    elements."""
     items = index if isinstance(index, tuple) else (index,)
+    items = [np.asarray(item) if isinstance(item, list) else item for item in items]
+    _check_boolean_masks(items, shape)
     out, advanced = [], False
     for item in items:
-        if isinstance(item, Tensor):
-            item = item.data
-        elif isinstance(item, list):
-            item = np.asarray(item)
         if isinstance(item, np.ndarray):
             if item.dtype == np.bool_:
                 out.extend(item.nonzero())
@@ -129,7 +167,7 @@ class GetItem(Function):
 
     @staticmethod
     def forward(ctx, x, index):
-        index, advanced = _normalize_index(index)
+        index, advanced = _normalize_index(index, x.shape)
         ctx.in_shape, ctx.index, ctx.advanced = x.shape, index, advanced
         try:
             return np.asarray(x[index])

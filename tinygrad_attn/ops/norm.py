@@ -14,10 +14,10 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import ShapeError
 from . import kernels
-from ._layout import as_rows, float_dtype, items_per_range, run_rows
+from .array_views import as_rows, float_dtype
 
 
-class LayerNorm(Function):
+class LayerNormOp(Function):
     """y = (x - mu) / sqrt(var + eps) * w + b over the last `normalized_ndim` axes.
 
     mu and var (biased) are per row; with xhat = (x - mu) * rstd,
@@ -43,7 +43,7 @@ class LayerNorm(Function):
         mean = np.empty(x2.shape[0], dtype)
         rstd = np.empty(x2.shape[0], dtype)
         if y.size:
-            run_rows(kernels.layer_norm_forward, x2.shape[0], 0.3 * n, x2, w, b, dtype.type(eps), y, mean, rstd)
+            kernels.layer_norm_forward(x2, w, b, dtype.type(eps), y, mean, rstd)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.norm_shape = norm_shape
         return y.reshape(x.shape)
@@ -54,14 +54,10 @@ class LayerNorm(Function):
         rows, n = x2.shape
         g2 = as_rows(grad, x2.dtype).reshape(rows, n)
         dx = np.empty(grad.shape, x2.dtype)  # the kernel writes it as (rows, n); not a view, so a leaf keeps it
-        # Fixed blocks of rows (so the dw, db sums do not depend on the threads), 8 per range.
-        block_rows = max(1, items_per_range(0.5 * n) // 8)  # ~0.5 ns per element
-        n_blocks = -(-rows // block_rows)
-        dw_blocks = np.empty((n_blocks, n), x2.dtype)
-        db_blocks = np.empty((n_blocks, n), x2.dtype)
         if rows and n:
-            kernels.parallel_for(kernels.layer_norm_backward, n_blocks, x2, w, mean, rstd, g2,
-                                 dx.reshape(rows, n), dw_blocks, db_blocks, block_rows, min_items=8)
+            dw, db = kernels.layer_norm_backward(x2, w, mean, rstd, g2, dx.reshape(rows, n))
+        else:
+            dw, db = np.zeros(n, x2.dtype), np.zeros(n, x2.dtype)
         return (dx,
-                dw_blocks.sum(axis=0).reshape(ctx.norm_shape) if ctx.needs_input_grad[1] else None,
-                db_blocks.sum(axis=0).reshape(ctx.norm_shape) if ctx.needs_input_grad[2] else None)
+                dw.reshape(ctx.norm_shape) if ctx.needs_input_grad[1] else None,
+                db.reshape(ctx.norm_shape) if ctx.needs_input_grad[2] else None)

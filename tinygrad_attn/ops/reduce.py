@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, max, min, var, logsumexp.
+"""Reductions: sum, mean, max, min, var, std, logsumexp.
 
 Each takes `axis` (an int, a tuple of ints, or None for all axes) and
 `keepdims`. Backward first restores the reduced axes as size-1 axes
@@ -59,8 +59,10 @@ class _Extreme(Function):
     @classmethod
     def forward(cls, ctx, x, axis=None, keepdims=False):
         axes = normalize_axes(axis, x.ndim, cls.name)
-        if x.size == 0:
-            raise ValueError(f"{cls.name}: cannot reduce an empty tensor of shape {x.shape}")
+        empty = [a for a in axes if x.shape[a] == 0]
+        if empty:  # as PyTorch: an empty tensor is fine if the reduced axes are not empty
+            raise ValueError(f"{cls.name}: cannot reduce over axis {empty[0]} of size 0 (tensor of "
+                             f"shape {x.shape}); an extreme of no elements is undefined")
         z = np.asarray(cls.reduce(x, axis=axes, keepdims=True))
         ctx.save_for_backward(x, z)
         ctx.axes, ctx.keepdims = axes, keepdims
@@ -86,6 +88,19 @@ class Min(_Extreme):
     name = "min"
 
 
+def _variance(ctx, x, axis, keepdims, correction, op):
+    """sum((x - mean)^2) / (N - correction) over `axis` (NaN when N <= correction,
+    as in PyTorch); keeps the deviations and the divisor on ctx for backward."""
+    axes = normalize_axes(axis, x.ndim, op)
+    count = int(np.prod([x.shape[a] for a in axes]))
+    dev = x - x.mean(axis=axes, keepdims=True)
+    denom = max(count - correction, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (dev * dev).sum(axis=axes, keepdims=keepdims) / x.dtype.type(denom)
+    ctx.axes, ctx.keepdims, ctx.denom = axes, keepdims, denom
+    return dev, np.asarray(z, dtype=x.dtype)
+
+
 class Var(Function):
     """z = sum((x - mean)^2) / (N - correction) over `axis`.
 
@@ -96,20 +111,38 @@ class Var(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False, correction=1):
-        axes = normalize_axes(axis, x.ndim, "var")
-        count = int(np.prod([x.shape[a] for a in axes]))
-        dev = x - x.mean(axis=axes, keepdims=True)
-        denom = max(count - correction, 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = (dev * dev).sum(axis=axes, keepdims=keepdims) / x.dtype.type(denom)
+        dev, z = _variance(ctx, x, axis, keepdims, correction, "var")
         ctx.save_for_backward(dev)
-        ctx.axes, ctx.keepdims, ctx.denom = axes, keepdims, denom
-        return np.asarray(z, dtype=x.dtype)
+        return z
 
     @staticmethod
     def backward(ctx, grad):
         dev, = ctx.saved_tensors
         return _keep(grad, ctx.axes, ctx.keepdims) * (2 * dev / dev.dtype.type(ctx.denom))
+
+
+class Std(Function):
+    """z = sqrt(var(x)) over `axis` (var as in `Var`, with its `correction`).
+
+    dz/dx_i = (x_i - mean) / ((N - correction) z), and 0 where z = 0: there
+    every deviation is 0 too, and PyTorch defines the gradient of a constant
+    input as 0 instead of 0 / 0 (sqrt composed with var would give NaN).
+    """
+
+    @staticmethod
+    def forward(ctx, x, axis=None, keepdims=False, correction=1):
+        dev, var = _variance(ctx, x, axis, keepdims, correction, "std")
+        z = np.sqrt(var)
+        ctx.save_for_backward(dev, z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad):
+        dev, z = ctx.saved_tensors
+        z = _keep(z, ctx.axes, ctx.keepdims)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = _keep(grad, ctx.axes, ctx.keepdims) / (dev.dtype.type(ctx.denom) * z)
+        return np.where(z == 0, np.zeros((), dev.dtype), g) * dev
 
 
 class LogSumExp(Function):

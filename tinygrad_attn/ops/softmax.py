@@ -11,21 +11,17 @@ import numpy as np
 from ..autograd import Function
 from ..shapes import normalize_axis
 from . import kernels
-from ._layout import as_rows, float_dtype, run_rows
-
-# ns per element on one core (see _layout.RANGE_NS): the exp is most of it
-_FORWARD_NS = 1.3
-_BACKWARD_NS = {False: 0.25, True: 0.8}  # log_softmax's backward has an exp too
+from .array_views import as_rows, float_dtype
 
 
-def _rowwise(kernel, element_ns, axis, *arrays, log):
+def _rowwise(kernel, axis, *arrays, log):
     """Run a softmax kernel along `axis`: move the axis last, run on rows, move it back."""
     shape = arrays[0].shape
     moved = [np.moveaxis(a.reshape(shape or (1,)), axis, -1) for a in arrays]
     rows = [as_rows(a) for a in moved]
     out = np.empty(moved[0].shape, rows[0].dtype)
     if out.size:
-        run_rows(kernel, rows[0].shape[0], element_ns * rows[0].shape[1], *rows, out.reshape(rows[0].shape), log)
+        kernel(*rows, out.reshape(rows[0].shape), log)
     if out.shape == shape and axis == len(shape) - 1:
         return out  # not a view: the engine can keep it as a leaf's .grad without copying
     return np.moveaxis(out, -1, axis).reshape(shape)
@@ -41,14 +37,14 @@ class Softmax(Function):
     def forward(ctx, x, axis=-1):
         float_dtype("softmax", x)
         ctx.axis = normalize_axis(axis, x.ndim, "softmax")
-        y = _rowwise(kernels.softmax_forward, _FORWARD_NS, ctx.axis, x, log=False)
+        y = _rowwise(kernels.softmax_forward, ctx.axis, x, log=False)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         y, = ctx.saved_tensors
-        return _rowwise(kernels.softmax_backward, _BACKWARD_NS[False], ctx.axis, y, grad, log=False)
+        return _rowwise(kernels.softmax_backward, ctx.axis, y, grad, log=False)
 
 
 class LogSoftmax(Function):
@@ -61,11 +57,11 @@ class LogSoftmax(Function):
     def forward(ctx, x, axis=-1):
         float_dtype("log_softmax", x)
         ctx.axis = normalize_axis(axis, x.ndim, "log_softmax")
-        y = _rowwise(kernels.softmax_forward, _FORWARD_NS, ctx.axis, x, log=True)
+        y = _rowwise(kernels.softmax_forward, ctx.axis, x, log=True)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         y, = ctx.saved_tensors
-        return _rowwise(kernels.softmax_backward, _BACKWARD_NS[True], ctx.axis, y, grad, log=True)
+        return _rowwise(kernels.softmax_backward, ctx.axis, y, grad, log=True)

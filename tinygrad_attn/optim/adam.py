@@ -4,7 +4,7 @@ import numbers
 
 import numpy as np
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, _implementation_options
 
 
 class Adam(Optimizer):
@@ -22,14 +22,19 @@ class Adam(Optimizer):
     The per-parameter state is `step` (an int), `exp_avg` (m), `exp_avg_sq`
     (v) and, with amsgrad, `max_exp_avg_sq`.
 
+    Arguments and defaults are torch.optim.Adam's; decoupled_weight_decay=True
+    makes it AdamW. foreach and fused are accepted and change nothing;
+    capturable=True and differentiable=True raise NotImplementedError.
+
     Example:
         >>> opt = Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
     """
 
-    decoupled_weight_decay = False
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, *, maximize=False):
+                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False, fused=None, decoupled_weight_decay=False):
+        _implementation_options(type(self).__name__, capturable, differentiable)
+        self.decoupled_weight_decay = bool(decoupled_weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
@@ -102,8 +107,9 @@ class AdamW(Adam):
         >>> opt = AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
     """
 
-    decoupled_weight_decay = True
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable,
+                         decoupled_weight_decay=True)

@@ -19,7 +19,7 @@ def _grads(parameters):
     return [p.grad.data for p in params if p.grad is not None]
 
 
-def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """Scale all gradients together so that their joint norm is at most `max_norm`.
 
     The total norm is the `norm_type`-norm of all gradients seen as one
@@ -64,7 +64,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     return Tensor(np.asarray(total, dtype=grads[0].dtype))
 
 
-def clip_grad_value_(parameters, clip_value):
+def clip_grad_value_(parameters, clip_value, foreach=None):
     """Clamp every gradient element into [-clip_value, clip_value], in place.
 
     Example:

@@ -47,8 +47,12 @@ class LRScheduler:
         """The learning rates of all groups at the current step."""
         return [self.lr_at(base_lr, self.last_epoch) for base_lr in self.base_lrs]
 
-    def step(self):
-        """Advance one step and set every group's lr."""
+    def step(self, epoch=None):
+        """Advance one step and set every group's lr. (PyTorch's deprecated
+        step(epoch) is not implemented.)"""
+        if epoch is not None:
+            raise NotImplementedError(f"{type(self).__name__}.step: the epoch argument (deprecated "
+                                      "in PyTorch) is not implemented; call step() once per step")
         self.last_epoch += 1
         self._set_lrs(self.get_lr())
 

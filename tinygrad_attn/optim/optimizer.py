@@ -37,6 +37,16 @@ class _Required:
 required = _Required()  # a default that every parameter group must set itself
 
 
+def _implementation_options(name, capturable=False, differentiable=False):
+    """torch.optim's keyword-only implementation options. foreach and fused
+    pick how torch loops over the parameters (the update is the same), so
+    they are accepted and change nothing; capturable (CUDA graphs) and
+    differentiable (gradients through the step) are not implemented."""
+    for arg, value in (("capturable", capturable), ("differentiable", differentiable)):
+        if value:
+            raise NotImplementedError(f"{name}: {arg}=True is not implemented")
+
+
 class Optimizer:
     """Base class of the optimizers: param groups, zero_grad, step, state_dict.
 

@@ -1,6 +1,6 @@
 """Stochastic gradient descent, with PyTorch's momentum, dampening, Nesterov
 and weight decay."""
-from .optimizer import Optimizer, required
+from .optimizer import Optimizer, _implementation_options
 
 
 class SGD(Optimizer):
@@ -15,15 +15,18 @@ class SGD(Optimizer):
         g <- g + mu * b   if nesterov,   else  g <- b
         p <- p - lr * g
 
-    Nesterov needs a positive momentum and zero dampening.
+    Nesterov needs a positive momentum and zero dampening. Arguments and
+    defaults are torch.optim.SGD's (lr=1e-3 as in torch 2.x); foreach and
+    fused are accepted and change nothing, differentiable=True raises.
 
     Example:
         >>> opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
         >>> opt.zero_grad(); loss.backward(); opt.step()
     """
 
-    def __init__(self, params, lr=required, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, *, maximize=False):
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, *, maximize=False, foreach=None, differentiable=False, fused=None):
+        _implementation_options("SGD", differentiable=differentiable)
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
         super().__init__(params, defaults)

@@ -5,16 +5,28 @@ A field left at None takes its task's default (`TASK_DEFAULTS`), so
 CPU configuration and `TrainConfig().resolved()` is the copy task that
 `python -m tinygrad_attn train` runs. The resolved config is stored in every
 checkpoint as JSON, which is how `resume` rebuilds the run.
+
+`validate()` is the one place that checks a configuration, with the command
+line's option names in its messages, so a run that starts does not fail
+later on a setting (only the charlm text's length is checked when the text
+is read).
 """
 import json
+import os
 from dataclasses import asdict, dataclass, fields, replace
 
 SEQ2SEQ_TASKS = ("copy", "reverse", "sort")
 TASKS = SEQ2SEQ_TASKS + ("charlm",)
 SCHEDULES = ("cosine", "inverse-sqrt", "constant")
+GELUS = ("exact", "tanh")
 
+# bias and gelu are options of the charlm GPT only (None for the seq2seq tasks).
+# decay_embeddings: the seq2seq tasks decay only the weight matrices of Linear layers and
+# attention (minGPT's rule); charlm decays every 2-D parameter, embedding and position
+# tables included (nanoGPT's rule).
 _SEQ2SEQ = dict(layers=2, d_model=64, heads=4, ffn=256, steps=300, batch_size=64, lr=2e-3,
-                warmup=30, seq_len=10, vocab=10, eval_every=100, eval_size=1000, weight_decay=0.01)
+                warmup=30, seq_len=10, vocab=10, eval_every=100, eval_size=1000, weight_decay=0.01,
+                bias=None, gelu=None, decay_embeddings=False)
 TASK_DEFAULTS = {
     "copy": _SEQ2SEQ,
     "reverse": _SEQ2SEQ,
@@ -23,8 +35,11 @@ TASK_DEFAULTS = {
     # nanoGPT's CPU configuration for shakespeare_char
     "charlm": dict(layers=4, d_model=128, heads=4, ffn=512, steps=2000, batch_size=12, lr=1e-3,
                    warmup=100, seq_len=64, vocab=None, eval_every=250, eval_size=240,
-                   weight_decay=0.1),
+                   weight_decay=0.1, bias=True, gelu="exact", decay_embeddings=True),
 }
+# Settings added after the first checkpoints were written: the value an older
+# checkpoint (whose JSON lacks the field) was trained with.
+_LEGACY = {"decay_embeddings": False}
 
 
 class ConfigError(ValueError):
@@ -41,8 +56,17 @@ class TrainConfig:
     min_seq_len: shortest source of a seq2seq task (default: all seq_len).
     eval_size: held-out sequences (seq2seq) or validation windows (charlm)
         per evaluation.
+    text: the charlm text file; stored as an absolute path, so a checkpoint
+        does not depend on the directory a command starts in.
     min_lr: the schedule's final lr (default lr / 10).
+    beta2: AdamW's second-moment decay (beta1 is 0.9).
     grad_clip: max global gradient norm (0: no clipping).
+    bias, gelu: charlm only: biases in the GPT's Linear and LayerNorm
+        layers; "exact" or "tanh" GELU.
+    decay_embeddings: weight decay on embedding and position tables too
+        (every 2-D parameter, nanoGPT's rule), not only on the weight
+        matrices of Linear layers and attention.
+    out: the output directory (default runs/TASK).
     """
 
     task: str = "copy"
@@ -52,6 +76,8 @@ class TrainConfig:
     heads: int = None
     ffn: int = None
     dropout: float = 0.0
+    bias: bool = None
+    gelu: str = None
     seq_len: int = None
     min_seq_len: int = None
     vocab: int = None
@@ -62,6 +88,8 @@ class TrainConfig:
     schedule: str = "cosine"
     min_lr: float = None
     weight_decay: float = None
+    decay_embeddings: bool = None
+    beta2: float = 0.99
     grad_clip: float = 1.0
     eval_every: int = None
     eval_size: int = None
@@ -84,17 +112,33 @@ class TrainConfig:
             values["min_lr"] = values["lr"] / 10
         if values["out"] is None:
             values["out"] = f"runs/{self.task}"
+        if values["text"] is not None:
+            values["text"] = os.path.abspath(os.fspath(values["text"]))
         config = replace(self, **values)
         config.validate()
         return config
 
     def validate(self):
-        """Raise ConfigError naming the first invalid setting."""
+        """Raise ConfigError naming the first invalid setting (by its
+        command-line option): types and ranges, and what the model and the
+        task need (a seq2seq task must have sequences both to train on and
+        to hold out)."""
+        def option(name):
+            return "--" + name.replace("_", "-")
+
         def positive(name, allow_zero=False):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a {'non-negative' if allow_zero else 'positive'} "
+                raise ConfigError(f"{option(name)} must be a {'non-negative' if allow_zero else 'positive'} "
                                   f"integer, got {value!r}")
+
+        def number(name, low, high, closed_high=False):
+            value = getattr(self, name)
+            ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and low <= value
+                  and (value <= high if closed_high else value < high))
+            if not ok:
+                raise ConfigError(f"{option(name)} must be in [{low}, {high}{']' if closed_high else ')'}, "
+                                  f"got {value!r}")
 
         for name in ("layers", "d_model", "heads", "ffn", "seq_len", "steps", "batch_size",
                      "eval_every", "eval_size"):
@@ -102,43 +146,72 @@ class TrainConfig:
         positive("warmup", allow_zero=True)
         if self.d_model % self.heads:
             raise ConfigError(f"--d-model {self.d_model} must be divisible by --heads {self.heads}")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        number("dropout", 0, 1)
+        number("beta2", 0, 1)
+        if not self.lr > 0 or self.lr == float("inf"):
+            raise ConfigError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"--min-lr must be in [0, lr = {self.lr}], got {self.min_lr}")
-        if not self.weight_decay >= 0 or not self.grad_clip >= 0:
-            raise ConfigError("--weight-decay and --grad-clip must be >= 0")
+        number("weight_decay", 0, float("inf"))
+        number("grad_clip", 0, float("inf"))
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.schedule == "cosine" and self.warmup >= self.steps:
             raise ConfigError(f"--warmup ({self.warmup}) must be smaller than --steps ({self.steps})")
         if self.schedule == "inverse-sqrt" and self.warmup < 1:
             raise ConfigError("the inverse-sqrt schedule needs --warmup >= 1")
+        if not isinstance(self.decay_embeddings, bool):
+            raise ConfigError(f"--decay-embeddings must be true or false, got {self.decay_embeddings!r}")
         if self.is_seq2seq:
-            positive("vocab")
-            if self.text is not None:
-                raise ConfigError(f"--text is for --task charlm, not {self.task}")
-            if self.min_seq_len is not None:
-                positive("min_seq_len")
-                if self.min_seq_len > self.seq_len:
-                    raise ConfigError(f"--min-seq-len ({self.min_seq_len}) is longer than "
-                                      f"--seq-len ({self.seq_len})")
+            self._validate_seq2seq()
         else:
-            if self.text is None:
-                raise ConfigError("--task charlm needs --text FILE (any UTF-8 text, e.g. tiny Shakespeare)")
-            if self.vocab is not None or self.min_seq_len is not None:
-                raise ConfigError("--vocab and --min-seq-len are for the seq2seq tasks: charlm's "
-                                  "vocabulary is the text's characters")
+            self._validate_charlm()
+
+    def _validate_seq2seq(self):
+        if self.text is not None:
+            raise ConfigError(f"--text is for --task charlm, not {self.task}")
+        if self.bias is not None or self.gelu is not None:
+            raise ConfigError(f"--bias/--no-bias and --gelu are options of the charlm GPT, "
+                              f"not of --task {self.task}")
+        for name in ("vocab",) + (("min_seq_len",) if self.min_seq_len is not None else ()):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.min_seq_len is not None and self.min_seq_len > self.seq_len:
+            raise ConfigError(f"--min-seq-len ({self.min_seq_len}) is longer than "
+                              f"--seq-len ({self.seq_len})")
+        from ..data import get_task  # the task knows how many sequences it can hold out
+        sizes = get_task(self.task, num_symbols=self.vocab, length=self.seq_len,
+                         min_length=self.min_seq_len).split_sizes()
+        if sizes is not None and min(sizes) == 0:
+            train, held_out = sizes
+            lengths = (f"--seq-len {self.seq_len}" if self.min_seq_len is None
+                       else f"--min-seq-len {self.min_seq_len} --seq-len {self.seq_len}")
+            raise ConfigError(f"--vocab {self.vocab} {lengths}: the task has only {train + held_out} "
+                              f"distinct sequence{'s' * (train + held_out != 1)}, {held_out} held out for "
+                              f"evaluation and {train} to train on; it needs both (use a larger "
+                              "--vocab or --seq-len)")
+
+    def _validate_charlm(self):
+        if self.text is None:
+            raise ConfigError("--task charlm needs --text FILE (any UTF-8 text, e.g. tiny Shakespeare)")
+        if self.vocab is not None or self.min_seq_len is not None:
+            raise ConfigError("--vocab and --min-seq-len are for the seq2seq tasks: charlm's "
+                              "vocabulary is the text's characters")
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"--bias must be true or false, got {self.bias!r}")
+        if self.gelu not in GELUS:
+            raise ConfigError(f"--gelu must be one of {', '.join(GELUS)}, got {self.gelu!r}")
 
     def to_json(self):
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text):
+        """The config of `to_json`; a setting missing from an older
+        checkpoint's JSON takes the value that checkpoint was trained with."""
         values = json.loads(text)
         known = {f.name for f in fields(cls)}
         if not isinstance(values, dict) or set(values) - known:
             raise ConfigError(f"not a training configuration: {text[:80]!r}")
-        return cls(**values)
+        return cls(**{**_LEGACY, **values})

@@ -19,6 +19,7 @@ from .. import functional as F
 from ..autograd import no_grad
 from ..data.vocab import BOS, EOS, PAD, SPECIAL_NAMES
 from ..models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
+from .config import ConfigError
 
 
 def make_job(config):
@@ -76,7 +77,9 @@ class Seq2SeqJob:
         self.model = Seq2SeqTransformer(Seq2SeqConfig(
             vocab_size=self.task.vocab_size, d_model=config.d_model, nhead=config.heads,
             num_encoder_layers=config.layers, num_decoder_layers=config.layers,
-            dim_feedforward=config.ffn, dropout=config.dropout))
+            dim_feedforward=config.ffn, dropout=config.dropout,
+            # room for the target (seq-len + 1 with BOS) and greedy decoding's EOS
+            max_len=max(Seq2SeqConfig.max_len, config.seq_len + 2)))
         self.held_out = self.task.held_out_batch(config.eval_size)
 
     def metadata(self):
@@ -165,7 +168,8 @@ class Seq2SeqJob:
 
 
 def _show_char(c):
-    return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(c, c)
+    """A character as a heatmap label: visible whitespace, one glyph each."""
+    return {"\n": "↵", " ": "·", "\t": "→"}.get(c, c)
 
 
 class CharLMJob:
@@ -176,19 +180,32 @@ class CharLMJob:
     """
 
     kind = "charlm"
-    EVAL_SEED = 1234  # the validation windows do not depend on the training seed
-    EVAL_CHUNK = 64   # windows per forward pass when evaluating
+    EVAL_SEED = 1234    # the validation windows do not depend on the training seed
+    EVAL_CHUNK = 64     # windows per forward pass when evaluating
+    VAL_FRACTION = 0.1  # the last 10% of the text validates (nanoGPT's split)
 
     def __init__(self, config):
         self.config = config
         self.text = data.read_text(config.text)
-        self.data = data.CharLMData(self.text, block_size=config.seq_len, source=config.text)
+        self._check_length()
+        self.data = data.CharLMData(self.text, block_size=config.seq_len, val_fraction=self.VAL_FRACTION,
+                                    source=config.text)
         self.model = GPT(GPTConfig(
             vocab_size=self.data.vocab_size, block_size=config.seq_len, n_layer=config.layers,
             n_head=config.heads, n_embd=config.d_model, dim_feedforward=config.ffn,
-            dropout=config.dropout))
+            dropout=config.dropout, bias=config.bias, gelu=config.gelu))
         self.val_x, self.val_y = self.data.get_batch(
             "val", config.eval_size, generator=np.random.default_rng(self.EVAL_SEED))
+
+    def _check_length(self):
+        """Both splits need a window of seq-len + 1 characters (CharLMData's rule, in CLI terms)."""
+        n, need = len(self.text), self.config.seq_len + 1
+        n_train = int(n * (1 - self.VAL_FRACTION))  # as CharLMData splits
+        if min(n_train, n - n_train) < need:
+            raise ConfigError(f"--text {self.config.text} has {n} characters, too few for --seq-len "
+                              f"{self.config.seq_len}: its training part (90%, {n_train} characters) and "
+                              f"validation part (10%, {n - n_train}) each need at least seq-len + 1 = "
+                              f"{need}; use a longer text or a smaller --seq-len")
 
     def _text_hash(self):
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
@@ -199,8 +216,8 @@ class CharLMJob:
 
     def check_metadata(self, metadata):
         if metadata.get("text_sha256") != self._text_hash():
-            raise ValueError(f"{self.config.text} is not the text this checkpoint was trained on "
-                             "(its contents changed); resume needs the same text")
+            raise ConfigError(f"{self.config.text} is not the text this checkpoint was trained on "
+                              "(its contents differ); resume needs the same text")
 
     def train_batch(self, batch_size):
         return self.data.get_batch("train", batch_size)
@@ -237,7 +254,7 @@ class CharLMJob:
                                   generator=np.random.default_rng(self.config.seed))
         return ["sample (temperature 0.8, top-k 20):"] + self.data.decode(ids).splitlines()
 
-    def attention_example(self, length=20):
+    def attention_example(self, length=16):
         """[(name, weights (heads, T, T), tokens, tokens, title)] for the first
         `length` characters of the first validation window."""
         x = self.val_x[:1, :length]

@@ -1,17 +1,24 @@
 """`Trainer`: the training loop, evaluation, checkpoints and the run's report.
 
     trainer = Trainer(TrainConfig(task="reverse", steps=500, out="runs/rev"))
-    trainer.fit()          # progress bar, evaluations, checkpoints; Ctrl-C saves
+    trainer.fit()          # progress bar, evaluations, checkpoints; Ctrl-C and SIGTERM save
     trainer.report()       # final evaluation, examples, loss curve and attention PNGs
 
-    trainer = Trainer.from_checkpoint("runs/rev/checkpoint.safetensors")
-    trainer.fit()          # continues exactly where the checkpoint left off
+    trainer = Trainer.from_checkpoint("runs/rev")
+    trainer.fit()          # continues exactly where the checkpoint left off, in runs/rev
 
 One step: draw a batch, forward, loss, backward, clip the global gradient
-norm, AdamW step (weight decay on weight matrices only), schedule step.
+norm, AdamW step (weight decay on weight matrices), schedule step. A step
+whose loss or gradient norm is not finite is not applied: training stops
+with `TrainingDiverged`, and the last checkpoint (always finite) is kept.
 A checkpoint holds the model weights, the optimizer and scheduler states,
 the step, the random generator's state and the configuration, so a resumed
 run computes bit for bit what the uninterrupted run would have.
+
+A fresh run refuses an output directory that holds another run's files
+(`RunExistsError`) unless built with overwrite=True, which deletes those
+files (only those: see `rundir`). Metrics go to metrics.jsonl as they
+happen.
 """
 import json
 import math
@@ -30,28 +37,53 @@ from ..models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
 from ..random import get_generator, manual_seed
 from .config import ConfigError, TrainConfig
 from .jobs import make_job
+from .rundir import (ATTENTION_DIR, CHECKPOINT_NAME, GRAD_NORMS_NAME, LOSS_PLOT_NAME, METRICS_LOG_NAME,
+                     METRICS_NAME, append_jsonl, clear_run, json_number, keep_jsonl_until, run_files)
 
-CHECKPOINT_NAME = "checkpoint.safetensors"
-GRAD_NORMS_NAME = "grad_norms.jsonl"
 FORMAT = "tinygrad_attn.train/1"  # metadata["format"] of our checkpoints
-BETAS = (0.9, 0.99)  # nanoGPT's for small models: beta2 0.99 adapts faster than 0.999
+BETA1 = 0.9  # beta2 is a setting (default 0.99, nanoGPT's for small models: faster than 0.999)
 # the "kind" of a model config's JSON -> (model class, config class)
 MODEL_CLASSES = {"Seq2SeqConfig": (Seq2SeqTransformer, Seq2SeqConfig), "GPTConfig": (GPT, GPTConfig)}
 
 
-def weight_decay_groups(model, weight_decay):
-    """AdamW parameter groups: weight decay on the matrices of Linear layers
-    and attention projections only; biases, LayerNorm weights, embeddings
-    and position tables are not decayed (minGPT's rule). A tied weight (an
-    embedding shared with the output layer) is a Linear weight and decays."""
+class RunExistsError(ConfigError):
+    """The output directory already holds a run, and overwriting was not asked for."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A step gave a non-finite loss or gradient norm; it was not applied.
+    Attributes: step (the step that failed), loss, grad_norm."""
+
+    def __init__(self, message, step=None, loss=None, grad_norm=None):
+        super().__init__(message)
+        self.step, self.loss, self.grad_norm = step, loss, grad_norm
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, received during `Trainer.fit`: handled like Ctrl-C."""
+
+
+def weight_decay_groups(model, weight_decay, decay_embeddings=False):
+    """AdamW parameter groups [decayed, not decayed] (empty groups dropped).
+
+    By default (minGPT's rule) only the matrices of Linear layers and
+    attention projections decay; biases, LayerNorm weights, embeddings and
+    position tables do not. A tied weight (an embedding shared with the
+    output layer) is a Linear weight and decays.
+    decay_embeddings=True (nanoGPT's rule): every parameter with two or more
+    dimensions decays, embedding and position tables included; biases and
+    LayerNorm weights (1-D) still do not.
+    """
+    params = list(model.parameters())
     decayed = set()
+    if decay_embeddings:
+        decayed.update(id(p) for p in params if p.ndim >= 2)
     for module in model.modules():
         if isinstance(module, nn.Linear):
             decayed.add(id(module.weight))
         elif isinstance(module, nn.MultiHeadAttention):
             decayed.update(id(w) for w in (module.in_proj_weight, module.q_proj_weight,
                                            module.k_proj_weight, module.v_proj_weight) if w is not None)
-    params = list(model.parameters())
     groups = [{"params": [p for p in params if id(p) in decayed], "weight_decay": weight_decay},
               {"params": [p for p in params if id(p) not in decayed], "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
@@ -73,30 +105,75 @@ def make_scheduler(optimizer, config, d_model):
     return optim.LinearWarmupLR(optimizer, config.warmup)
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _in_main_thread():
+    return threading.current_thread() is threading.main_thread()
+
+
 @contextmanager
 def _interrupts_deferred():
-    """Hold back Ctrl-C (SIGINT) until the block ends, so that an optimizer
-    update is never left half applied (in the main thread; elsewhere
+    """Hold back Ctrl-C (SIGINT) and SIGTERM until the block ends, so that an
+    optimizer update is never left half applied; then act on the first one
+    received as its handler would have (in the main thread; elsewhere
     signals cannot be caught and the block runs as is)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not _in_main_thread():
         yield
         return
     received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in _SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if received and callable(previous):
-            previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt
-        elif received and previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if received:
+            signum = received[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, None)  # Python's SIGINT handler raises KeyboardInterrupt
+            elif handler in (signal.SIG_DFL, None):
+                if signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                signal.raise_signal(signum)  # SIGTERM's default: the process ends
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated("SIGTERM")
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """Within the block SIGTERM (what `kill`, schedulers and containers send)
+    raises `Terminated`, a KeyboardInterrupt, so it saves like Ctrl-C."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _finite_json(value):
+    """`value` with every NaN or infinity replaced by None (for strict JSON)."""
+    if isinstance(value, float):
+        return json_number(value)
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- checkpoints
-def read_checkpoint(path):
-    """(arrays, metadata) of a training checkpoint; CheckpointError if the
-    file is not one of ours (FileNotFoundError if it does not exist)."""
+def checkpoint_file(path):
+    """The checkpoint file of `path`: the file itself, or a run directory's
+    checkpoint.safetensors (CheckpointError if the directory has none,
+    FileNotFoundError if nothing is at `path`)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         candidate = os.path.join(path, CHECKPOINT_NAME)
@@ -105,6 +182,14 @@ def read_checkpoint(path):
         path = candidate
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+def read_checkpoint(path):
+    """(arrays, metadata) of a training checkpoint (a file or a run
+    directory); CheckpointError if the file is not one of ours
+    (FileNotFoundError if it does not exist)."""
+    path = checkpoint_file(path)
     arrays, metadata = load(path, with_metadata=True)
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a safetensors file but not a tinygrad_attn training "
@@ -130,36 +215,136 @@ class Trainer:
     """Runs one training configuration (see the module docstring).
 
     config: a TrainConfig (resolved here); progress: show a tqdm bar (when
-    tqdm is installed); log: where text lines go (default print).
+    tqdm is installed); log: where text lines go (default print);
+    overwrite: a fresh run may replace the run files already in config.out
+    (otherwise it raises RunExistsError before training).
     Building a Trainer seeds the framework's generator with config.seed,
     then initialises the model from it.
-    Attributes: model, optimizer, scheduler, job, step, history
-    ({"train": [[step, loss, lr], ...], "eval": [{"step": s, metric: value}, ...]}).
+    Attributes: model, optimizer, scheduler, job, step, saved_step (of the
+    last checkpoint written or loaded, None before the first), history
+    ({"train": [[step, loss, lr, grad_norm], ...], "eval": [{"step": s, metric: value}, ...]};
+    grad_norm is the global gradient norm before clipping, None in the
+    history of checkpoints older than that column).
     """
 
-    def __init__(self, config, progress=True, log=print):
+    def __init__(self, config, progress=True, log=print, overwrite=False):
         self.config = config = config.resolved()
         manual_seed(config.seed)
         self.job = make_job(config)
         self.model = self.job.model
-        self.optimizer = optim.AdamW(weight_decay_groups(self.model, config.weight_decay),
-                                     lr=config.lr, betas=BETAS)
+        self.optimizer = optim.AdamW(weight_decay_groups(self.model, config.weight_decay,
+                                                         config.decay_embeddings),
+                                     lr=config.lr, betas=(BETA1, config.beta2))
         self.scheduler = make_scheduler(self.optimizer, config, config.d_model)
         self.step = 0
         self.train_seconds = 0.0  # wall time of fit() (evaluations included), over all sessions
         self.history = {"train": [], "eval": []}
-        self.progress, self.log = progress, log
+        self.progress, self.log, self.overwrite = progress, log, overwrite
+        self.grad_norm = None  # of the last step, before clipping
         self._params = list(self.model.parameters())
         self._rng_state = get_generator().bit_generator.state  # as of the last completed step
         self._bar = None
+        self._resumed_from = None  # the directory of the checkpoint this trainer was loaded from
+        self.saved_step = None     # the step of the last checkpoint written (or loaded)
+        self._output_ready = False
+        self._rows_logged = 0      # history["train"] rows already in metrics.jsonl
 
     @property
     def checkpoint_path(self):
         return os.path.join(self.config.out, CHECKPOINT_NAME)
 
+    def _path(self, name):
+        return os.path.join(self.config.out, name)
+
+    # ------------------------------------------------------------ the output directory
+    def prepare_output(self):
+        """Make config.out ready for this run (fit() calls it first; calling
+        it earlier reports a problem before anything else happens).
+
+        A fresh run needs a directory without another run's files: with
+        overwrite=True those files are deleted (`rundir.run_files`: nothing
+        else), otherwise RunExistsError. A resumed run writes into the
+        directory of its checkpoint, or into another one under the same
+        rule. metrics.jsonl then starts afresh, or, for a resumed run, holds
+        the history up to the checkpoint.
+        """
+        if self._output_ready:
+            return
+        out = self.config.out
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--out {out}: cannot create the output directory ({e.strerror})") from None
+        own = self._resumed_from is not None and os.path.realpath(self._resumed_from) == os.path.realpath(out)
+        if not own:
+            existing = run_files(out)
+            if existing and not self.overwrite:
+                names = ", ".join(os.path.relpath(p, out) for p in existing[:3])
+                more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+                raise RunExistsError(f"--out {out} already holds a run ({names}{more}); pass --overwrite "
+                                     "to replace it, or choose another --out")
+            clear_run(out)
+        self._rewrite_metrics_log()
+        if own:
+            keep_jsonl_until(self._path(GRAD_NORMS_NAME), self.step)
+        self._output_ready = True
+
+    def _rewrite_metrics_log(self):
+        """metrics.jsonl from the history: empty for a fresh run."""
+        evals = {}
+        for record in self.history["eval"]:
+            evals.setdefault(record["step"], []).append(record)
+        with open(self._path(METRICS_LOG_NAME), "w", encoding="utf-8") as f:
+            for row in self.history["train"]:
+                f.write(json.dumps(self._train_record(*row)) + "\n")
+                for record in evals.get(row[0], []):
+                    f.write(json.dumps(self._eval_record(record)) + "\n")
+        self._rows_logged = len(self.history["train"])
+
+    @staticmethod
+    def _train_record(step, loss, lr, grad_norm):
+        return {"type": "train", "step": step, "loss": json_number(loss), "lr": lr,
+                "grad_norm": json_number(grad_norm)}
+
+    @staticmethod
+    def _eval_record(record):
+        return {"type": "eval", **_finite_json(record)}
+
+    def _log_metrics(self, record):
+        append_jsonl(self._path(METRICS_LOG_NAME), record)
+
+    def _log_new_steps(self):
+        """Write the history's steps that metrics.jsonl does not have yet."""
+        for row in self.history["train"][self._rows_logged:]:
+            self._log_metrics(self._train_record(*row))
+        self._rows_logged = len(self.history["train"])
+
     # ------------------------------------------------------------ one step
+    def kernel_calls(self):
+        """The kernels, with their argument types, that a training step of this
+        run calls (for `tinygrad_attn.warmup.compile_kernels`): a dry run of
+        the forward and backward that leaves no trace (no kernel runs, the
+        generator's state is put back, the gradients are dropped)."""
+        from ..warmup import signatures_of
+        state = get_generator().bit_generator.state
+        was_training = self.model.training
+        try:
+            self.model.train()
+            return signatures_of(lambda: self.job.loss(self.job.train_batch(self.config.batch_size)).backward())
+        finally:
+            get_generator().bit_generator.state = state
+            self.model.train(was_training)
+            for p in self._params:
+                p.grad = None
+
     def train_step(self):
-        """One optimisation step; returns (loss, number of target tokens)."""
+        """One optimisation step; returns (loss, number of target tokens).
+
+        The step is recorded in history["train"]; the global gradient norm
+        (before clipping) also goes to self.grad_norm.
+        If the loss or that norm is not finite the update is not applied and
+        TrainingDiverged is raised (self.step and the weights stay as they were).
+        """
         self.model.train()
         batch = self.job.train_batch(self.config.batch_size)
         loss = self.job.loss(batch)
@@ -168,21 +353,29 @@ class Trainer:
         next_step = self.step + 1
         if self.config.log_grad_norms and (next_step == 1 or next_step % self.config.eval_every == 0):
             self._log_grad_norms(next_step)
-        if self.config.grad_clip > 0:
-            optim.clip_grad_norm_(self._params, self.config.grad_clip)
+        loss_value = loss.item()
+        # max_norm inf: only measure the norm (nothing to clip when --grad-clip is 0)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        grad_norm = float(optim.clip_grad_norm_(self._params, max_norm).item())
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+            raise TrainingDiverged(f"training diverged at step {next_step}: the loss is {loss_value:g} and "
+                                   f"the gradient norm {grad_norm:g}; that step was not applied",
+                                   step=next_step, loss=loss_value, grad_norm=grad_norm)
         with _interrupts_deferred():  # the update and its bookkeeping happen entirely or not at all
             self.optimizer.step()
             self.scheduler.step()
             self.step = next_step
+            self.grad_norm = grad_norm
             self._rng_state = get_generator().bit_generator.state
-        return loss.item(), self.job.num_tokens(batch)
+            self.history["train"].append([self.step, loss_value, self.scheduler.get_last_lr()[0], grad_norm])
+        return loss_value, self.job.num_tokens(batch)
 
     def _log_grad_norms(self, step):
         """Append {"step", "total", "norms": {name: ||grad||}} (before clipping) to grad_norms.jsonl."""
         norms = viz.grad_norms(self.model.named_parameters())
-        record = {"step": step, "total": math.sqrt(sum(n * n for n in norms.values())), "norms": norms}
-        with open(os.path.join(self.config.out, GRAD_NORMS_NAME), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        total = math.sqrt(sum(n * n for n in norms.values()))
+        append_jsonl(self._path(GRAD_NORMS_NAME),
+                     {"step": step, "total": json_number(total), "norms": _finite_json(norms)})
 
     def evaluate(self):
         """The job's periodic evaluation, recorded in the history."""
@@ -196,47 +389,75 @@ class Trainer:
         saving a checkpoint every eval_every steps and at the end.
 
         callbacks: functions called as cb(trainer) after every step.
-        Ctrl-C (or a KeyboardInterrupt raised by a callback) saves a
-        checkpoint of the last completed step, then the KeyboardInterrupt
-        propagates. Returns the last evaluation's metrics (or None).
+        Ctrl-C, SIGTERM (in the main thread) or a KeyboardInterrupt raised by
+        a callback saves a checkpoint of the last completed step, writes
+        metrics.json, then the KeyboardInterrupt (`Terminated` for SIGTERM)
+        propagates; so does a BrokenPipeError from `log` (the output was
+        closed). A non-finite loss or gradient norm raises TrainingDiverged
+        without saving: the last checkpoint stays. Returns the last
+        evaluation's metrics (or None).
         """
         until = self.config.steps if until is None else until
-        os.makedirs(self.config.out, exist_ok=True)
-        if self.step == 0:  # a fresh run: start its log files afresh
-            grad_log = os.path.join(self.config.out, GRAD_NORMS_NAME)
-            if os.path.exists(grad_log):
-                os.unlink(grad_log)
+        self.prepare_output()
         metrics, smoothed, tokens = None, None, 0
         bar = self._bar = _progress_bar(until, self.step, self.progress)
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         started = session_start  # of the current throughput measurement
-        try:
-            while self.step < until:
-                loss, n_tokens = self.train_step()
-                lr = self.scheduler.get_last_lr()[0]
-                self.history["train"].append([self.step, loss, lr])
-                smoothed = loss if smoothed is None else 0.9 * smoothed + 0.1 * loss
-                tokens += n_tokens
-                tokens_per_s = tokens / max(time.perf_counter() - started, 1e-9)
-                if bar is not None:
-                    bar.set_postfix_str(f"loss {smoothed:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s",
-                                        refresh=False)
-                    bar.update(1)
-                for callback in callbacks:
-                    callback(self)
-                if self.step % self.config.eval_every == 0 or self.step == until:
-                    metrics = self.evaluate()
-                    self._write(f"step {self.step:>{len(str(until))}}/{until} | train loss {smoothed:.4f} | "
-                                f"lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | " + _format_metrics(metrics))
-                    self.train_seconds = seconds_before + time.perf_counter() - session_start
-                    self.save_checkpoint()
-                    tokens, started = 0, time.perf_counter()  # throughput without the evaluation
-        except KeyboardInterrupt:
+
+        def clock():
             self.train_seconds = seconds_before + time.perf_counter() - session_start
+
+        try:
+            with _sigterm_as_interrupt():
+                while self.step < until:
+                    loss, n_tokens = self.train_step()
+                    lr = self.scheduler.get_last_lr()[0]
+                    self._log_new_steps()
+                    smoothed = loss if smoothed is None else 0.9 * smoothed + 0.1 * loss
+                    tokens += n_tokens
+                    tokens_per_s = tokens / max(time.perf_counter() - started, 1e-9)
+                    if bar is not None:
+                        bar.set_postfix_str(f"loss {smoothed:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s",
+                                            refresh=False)
+                        bar.update(1)
+                    for callback in callbacks:
+                        callback(self)
+                    if self.step % self.config.eval_every == 0 or self.step == until:
+                        metrics = self.evaluate()
+                        self._log_metrics(self._eval_record(self.history["eval"][-1]))
+                        if not math.isfinite(metrics["val_loss"]):  # finite weights, but not a usable model
+                            raise TrainingDiverged(
+                                f"training diverged at step {self.step}: the evaluation loss is "
+                                f"{metrics['val_loss']:g}", step=self.step, loss=metrics["val_loss"])
+                        clock()
+                        self.save_checkpoint()
+                        self._write(f"step {self.step:>{len(str(until))}}/{until} | train loss {smoothed:.4f} | "
+                                    f"lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | " + _format_metrics(metrics))
+                        tokens, started = 0, time.perf_counter()  # throughput without the evaluation
+        except TrainingDiverged as e:
+            clock()
             self._close_bar()
+            self._log_new_steps()
+            self._log_metrics({"type": "diverged", "step": e.step, "loss": json_number(e.loss),
+                               "grad_norm": json_number(e.grad_norm)})
+            self.write_metrics("diverged")
+            kept = (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}) is kept"
+                    if self.saved_step is not None and os.path.exists(self.checkpoint_path)
+                    else "no checkpoint was saved")
+            e.args = (f"{e.args[0]}; {kept}. Try a smaller --lr (or --grad-clip)",)
+            raise
+        except (KeyboardInterrupt, BrokenPipeError) as e:
+            clock()
+            self._close_bar()
+            self._log_new_steps()  # a step that completed just before the interrupt
             path = self.save_checkpoint()
-            self.log(f"interrupted: saved step {self.step} to {path}; continue with "
-                     f"`python -m tinygrad_attn resume {path}`")
+            how = ("terminated (SIGTERM)" if isinstance(e, Terminated)
+                   else "output closed" if isinstance(e, BrokenPipeError) else "interrupted")
+            self._log_metrics({"type": "interrupted", "step": self.step, "by": how})
+            self.write_metrics("interrupted")
+            if not isinstance(e, BrokenPipeError):  # the log may be what was closed
+                self.log(f"{how}: saved step {self.step} to {path}; continue with "
+                         f"`python -m tinygrad_attn resume {self.config.out}`")
             raise
         self._close_bar()
         return metrics
@@ -255,14 +476,21 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path=None):
-        """Save everything needed to resume (atomically); returns the path."""
+        """Save everything needed to resume (atomically); returns the path.
+        Refuses (TrainingDiverged) to save weights that are not finite."""
         path = self.checkpoint_path if path is None else os.fspath(path)
+        bad = [name for name, p in self.model.named_parameters() if not np.isfinite(p.data).all()]
+        if bad:
+            raise TrainingDiverged(f"not saving a checkpoint of step {self.step}: {len(bad)} parameters "
+                                   f"are not finite (the first: {bad[0]})", step=self.step)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         arrays = {f"model.{k}": v.data for k, v in self.model.state_dict().items()}
         arrays.update(optim.flatten_state_dict(self.optimizer.state_dict(), "optimizer."))
         arrays.update(optim.flatten_state_dict(self.scheduler.state_dict(), "scheduler."))
         # the per-step curve as an array (it grows with the run); the few evaluations as JSON
-        arrays["history.train"] = np.array(self.history["train"], dtype=np.float64).reshape(-1, 3)
+        arrays["history.train"] = np.array([[s, l, lr, np.nan if g is None else g]
+                                            for s, l, lr, g in self.history["train"]],
+                                           dtype=np.float64).reshape(-1, 4)
         metadata = {
             "format": FORMAT,
             "config": self.config.to_json(),
@@ -274,26 +502,42 @@ class Trainer:
             **self.job.metadata(),
         }
         save(arrays, path, metadata=metadata)
+        if path == self.checkpoint_path:
+            self.saved_step = self.step
         return path
 
     @classmethod
-    def from_checkpoint(cls, path, steps=None, out=None, progress=True, log=print):
-        """A Trainer in the state saved at `path`. `steps` changes the total
-        number of steps (the cosine schedule then ends at the new total);
-        `out` sends the outputs to another directory."""
+    def from_checkpoint(cls, path, steps=None, out=None, text=None, progress=True, log=print,
+                        overwrite=False):
+        """A Trainer in the state saved at `path` (a checkpoint file or a run
+        directory). It writes into the checkpoint's directory, or into `out`
+        (a directory holding another run needs overwrite=True). `steps`
+        changes the total number of steps (the cosine schedule then ends at
+        the new total); `text` points a charlm run at its text file moved
+        elsewhere (its contents must be the same)."""
+        path = checkpoint_file(path)
         arrays, metadata = read_checkpoint(path)
         config = TrainConfig.from_json(metadata["config"])
         step = int(metadata["step"])
-        changes = {}
+        run_dir = os.path.dirname(path) or "."
+        changes = {"out": run_dir if out is None else os.fspath(out)}
         if steps is not None:
             changes["steps"] = steps
-        if out is not None:
-            changes["out"] = os.fspath(out)
+        if text is not None:
+            if config.is_seq2seq:
+                raise ConfigError(f"--text is for charlm runs; {path} is a {config.task} run")
+            changes["text"] = os.fspath(text)
         config = replace(config, **changes)
         if config.steps <= step:
             raise ConfigError(f"the checkpoint is at step {step} of {config.steps}: nothing to do "
                               f"(pass --steps N with N > {step} to train longer)")
-        trainer = cls(config, progress=progress, log=log)
+        try:
+            trainer = cls(config, progress=progress, log=log, overwrite=overwrite)
+        except FileNotFoundError as e:
+            if config.is_seq2seq or text is not None:
+                raise
+            raise FileNotFoundError(f"{e}; if the text moved, pass --text PATH (resume "
+                                    "checks that its contents are the same)") from None
         trainer.job.check_metadata(metadata)
         prefix = "model."
         trainer.model.load_state_dict({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
@@ -303,10 +547,13 @@ class Trainer:
             trainer.scheduler.total_steps = config.steps  # a longer run decays over its new length
         trainer.step = step
         trainer.train_seconds = float(metadata.get("train_seconds", 0.0))
-        trainer.history = {"train": [[int(step), loss, lr] for step, loss, lr in arrays["history.train"].tolist()],
+        rows = arrays["history.train"].tolist()
+        trainer.history = {"train": [[int(r[0]), r[1], r[2], r[3] if len(r) > 3 and math.isfinite(r[3]) else None]
+                                     for r in rows],
                            "eval": json.loads(metadata["history_eval"])}
         trainer._rng_state = json.loads(metadata["rng_state"])
         get_generator().bit_generator.state = trainer._rng_state
+        trainer._resumed_from, trainer.saved_step = run_dir, step
         return trainer
 
     # ------------------------------------------------------------ the report
@@ -316,7 +563,7 @@ class Trainer:
         the final metrics."""
         metrics = self.job.final_evaluate()
         train = self.history["train"]
-        recent = [loss for _, loss, _ in train[-50:]]
+        recent = [row[1] for row in train[-50:]]
         lines = [f"done: {self.step} steps in {self.train_seconds:.1f} s "
                  f"({self.model.num_parameters():,} parameters)"]
         if recent:
@@ -328,12 +575,21 @@ class Trainer:
         if plots:
             lines += self.write_plots()
         lines.append(f"checkpoint: {self.checkpoint_path}")
+        os.makedirs(self.config.out, exist_ok=True)
+        self._log_metrics({"type": "final", "step": self.step, **_finite_json(metrics)})
+        self.write_metrics("done", final=metrics)
         for line in lines:
             self.log(line)
-        with open(os.path.join(self.config.out, "metrics.json"), "w") as f:
-            json.dump({"step": self.step, "train_seconds": self.train_seconds, "final": metrics,
-                       "history": self.history}, f)
         return metrics
+
+    def write_metrics(self, status, final=None):
+        """Write metrics.json: {"status", "step", "train_seconds", "final", "history"}
+        (status "done", "interrupted" or "diverged"; final: the final
+        evaluation, None unless done)."""
+        summary = {"status": status, "step": self.step, "train_seconds": self.train_seconds,
+                   "final": final, "history": self.history}
+        with open(self._path(METRICS_NAME), "w", encoding="utf-8") as f:
+            json.dump(_finite_json(summary), f)
 
     def write_plots(self):
         """Write loss.png and attention/<layer>.png; returns lines saying what was written."""
@@ -342,9 +598,9 @@ class Trainer:
         except ImportError:
             return ["plots skipped: matplotlib is not installed (pip install 'tinygrad_attn[train]')"]
         from .plots import attention_heatmaps, loss_curve
-        loss_path = loss_curve(self.history, os.path.join(self.config.out, "loss.png"),
-                               title=f"{self.config.task}: training and evaluation loss")
-        paths = attention_heatmaps(self.job.attention_example(), os.path.join(self.config.out, "attention"))
+        loss_path = loss_curve(self.history, self._path(LOSS_PLOT_NAME),
+                               title=f"{self.config.task}: training and evaluation")
+        paths = attention_heatmaps(self.job.attention_example(), self._path(ATTENTION_DIR))
         return [f"loss curve: {loss_path}",
                 f"attention heatmaps ({len(paths)} layers, one panel per head): "
                 f"{os.path.dirname(paths[0]) if paths else '-'}"]

@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .mathx import exp
-from .reductions import KERNEL_FASTMATH
+from .fastmath import KERNEL_FASTMATH, exp
+from .threads import parallel_for
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
@@ -67,7 +67,7 @@ def _normal_cdf_overload(x):
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH, error_model="numpy")
-def gelu_forward(x, approximate, out, start, stop):
+def _gelu_forward(x, approximate, out, start, stop):
     """out[i] = gelu(x[i]) for i in [start, stop) (1-D arrays); tanh form if `approximate`."""
     t = x.dtype.type
     one, c0, c1 = t(1.0), t(math.sqrt(2.0 / math.pi)), t(0.044715)
@@ -81,7 +81,7 @@ def gelu_forward(x, approximate, out, start, stop):
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH, error_model="numpy")
-def gelu_backward(x, grad, approximate, dx, start, stop):
+def _gelu_backward(x, grad, approximate, dx, start, stop):
     """dx[i] = grad[i] * gelu'(x[i]) for i in [start, stop) (1-D arrays)."""
     t = x.dtype.type
     one, two, three, half = t(1.0), t(2.0), t(3.0), t(0.5)
@@ -98,3 +98,13 @@ def gelu_backward(x, grad, approximate, dx, start, stop):
         else:
             local = normal_cdf(v) + v * inv_sqrt2pi * exp(-half * v * v)
         dxs[j] = gs[j] * local
+
+
+def gelu_forward(x, approximate, out):
+    """out = gelu(x) for 1-D x (the tanh form if `approximate`)."""
+    parallel_for(_gelu_forward, x.shape[0], x, approximate, out)
+
+
+def gelu_backward(x, grad, approximate, dx):
+    """dx = grad * gelu'(x) for 1-D arrays."""
+    parallel_for(_gelu_backward, x.shape[0], x, grad, approximate, dx)

@@ -31,9 +31,11 @@ is regenerated from (key, element index of P), the same stream
 import numpy as np
 from numba import njit
 
-from .blas import gemm
-from .mathx import exp, uniform_bits
-from .reductions import SUM_FASTMATH
+from .blas import gemm, library
+from .fastmath import SUM_FASTMATH, exp
+from .matmul import MACS_PER_ELEMENT
+from .random_bits import uniform_bits
+from .threads import parallel_for
 
 
 # One function per direction, helpers written out in place: each separate
@@ -42,7 +44,7 @@ from .reductions import SUM_FASTMATH
 # exp of one difference, which `exp` computes with its own flags).
 
 @njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
-def attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
+def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
                       causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
                       start, stop):
     """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev).
@@ -93,7 +95,7 @@ def attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, E
 
 
 @njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
-def attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
+def _attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
                        grad, g_off, g_ld, scale, key, threshold, keep_scale,
                        dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
                        dscores, want_dscores, start, stop):
@@ -129,3 +131,27 @@ def attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, 
                     ds[c] = dr[c]
         gemm(blas, False, False, L, E, S, scale, dp[0], S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
         gemm(blas, True, False, S, E, L, scale, dp[0], S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)
+
+
+def _item_size(L, S, E, Ev, directions):
+    """Work of one (batch, head): its products (twice as many backward) and a pass over P."""
+    return L * S * (E + Ev) * directions // MACS_PER_ELEMENT + L * S
+
+
+def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask, causal, scale,
+                      key, threshold, keep_scale, weights, out, out_off, out_ld):
+    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_i for every batch index i (see above)."""
+    n, L, S = weights.shape
+    parallel_for(_attention_forward, n, library(), q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask,
+                 im, use_mask, causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
+                 item_size=_item_size(L, S, E, Ev, 1))
+
+
+def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights, grad, g_off, g_ld,
+                       scale, key, threshold, keep_scale, dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
+                       dscores, want_dscores):
+    """dQ_i, dK_i, dV_i (and dscores[i] = dL/d masked scores if asked) for every batch index i."""
+    n, L, S = weights.shape
+    parallel_for(_attention_backward, n, library(), q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev,
+                 weights, grad, g_off, g_ld, scale, key, threshold, keep_scale, dq, dq_off, dq_ld, dk, dk_off,
+                 dk_ld, dv, dv_off, dv_ld, dscores, want_dscores, item_size=_item_size(L, S, E, Ev, 2))

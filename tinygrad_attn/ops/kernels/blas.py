@@ -10,13 +10,17 @@ q[b, :, h, :] of a (B, T, H, E) array is multiplied in place (row stride
 H*E), and K^T is K read transposed: nothing is copied. Callers check the
 shapes: BLAS trusts them.
 
-Which BLAS: the one numpy uses, found at import (`BLAS`, passed to every
-kernel that multiplies). One library means one pool of BLAS threads in the
-process, and numpy's OpenBLAS (0.3.31 here) is ~20% faster on small
-matrices than the older one in scipy, which numba's np.dot would call. If
-numpy's library cannot be found, scipy's is used. The function addresses
-travel as a kernel argument, not as symbols baked into the compiled code,
-so a cached kernel is never tied to a library that moved.
+Which BLAS (`library()`, passed to every kernel that multiplies): the one
+numpy itself loaded, as threadpoolctl reports it (OpenBLAS in numpy's
+wheels, MKL, BLIS or a system OpenBLAS), so the process has one BLAS and
+one set of BLAS threads. Its sgemm/dgemm are looked up under the names
+these libraries export, and a candidate is used only after it multiplied a
+small test product correctly through the same calling convention. If none
+qualifies (Accelerate, an unknown build), scipy's BLAS
+(scipy.linalg.cython_blas, what numba's np.dot calls) is the fallback.
+The function addresses travel as a kernel argument, not as symbols baked
+into the compiled code, so a cached kernel is never tied to a library that
+moved.
 
 Row-major to BLAS's column-major: a row-major (m, n) matrix with row stride
 ld is the column-major (n, m) matrix of leading dimension ld, i.e. its
@@ -24,7 +28,7 @@ transpose. So C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the
 operands swap places and keep their transpose flags.
 """
 import ctypes
-import glob
+import functools
 import os
 
 import numpy as np
@@ -36,24 +40,54 @@ from numba.extending import intrinsic, overload
 
 # ------------------------------------------------------------- finding BLAS
 
+# (sgemm, dgemm, 64-bit integers) under the names BLAS libraries export them:
+# numpy's OpenBLAS (scipy-openblas64), OpenBLAS built for ILP64, then the plain
+# Fortran names of LP64 builds (system OpenBLAS, MKL's mkl_rt, BLIS).
+_GEMM_NAMES = (("scipy_sgemm_64_", "scipy_dgemm_64_", True), ("sgemm_64_", "dgemm_64_", True),
+               ("scipy_sgemm_", "scipy_dgemm_", False), ("sgemm_", "dgemm_", False))
+
+
 def _address(function):
     return ctypes.cast(function, ctypes.c_void_p).value
 
 
+def _multiplies_correctly(sgemm_address, ilp64):
+    """Call sgemm at this address on a 2x3 @ 3x2 product the way the kernels
+    will (Fortran convention, integers of the given width), check the result."""
+    int_t = ctypes.c_int64 if ilp64 else ctypes.c_int32
+    ref = ctypes.POINTER
+    fn = ctypes.CFUNCTYPE(None, ref(ctypes.c_char), ref(ctypes.c_char), ref(int_t), ref(int_t), ref(int_t),
+                          ref(ctypes.c_float), ref(ctypes.c_float), ref(int_t), ref(ctypes.c_float),
+                          ref(int_t), ref(ctypes.c_float), ref(ctypes.c_float), ref(int_t))(sgemm_address)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(6, dtype=np.float32).reshape(3, 2) - 2
+    c = np.zeros((2, 2), np.float32)
+    floats = lambda x: x.ctypes.data_as(ref(ctypes.c_float))
+    by_ref = ctypes.byref
+    n, two, three, one, zero = ctypes.c_char(b"n"), int_t(2), int_t(3), ctypes.c_float(1), ctypes.c_float(0)
+    # row-major C = A B is column-major C^T = B^T A^T (module docstring)
+    fn(by_ref(n), by_ref(n), by_ref(two), by_ref(two), by_ref(three), by_ref(one), floats(b), by_ref(two),
+       floats(a), by_ref(three), by_ref(zero), floats(c), by_ref(two))
+    return np.array_equal(c, a @ b)
+
+
 def _numpy_blas():
-    """(sgemm, dgemm, ilp64) from the BLAS library bundled with numpy, or None."""
+    """(sgemm, dgemm, ilp64) of the BLAS numpy loaded, or None."""
+    try:
+        import threadpoolctl
+        controllers = threadpoolctl.ThreadpoolController().select(user_api="blas").lib_controllers
+    except Exception:  # threadpoolctl missing or failing: use the fallback
+        return None
     root = os.path.dirname(np.__file__)
-    candidates = sorted(glob.glob(os.path.join(root + ".libs", "*blas*")) +
-                        glob.glob(os.path.join(root, ".dylibs", "*blas*")))
-    # scipy-openblas64 (numpy's wheels), plain OpenBLAS ILP64, plain LP64
-    for names, ilp64 in ((("scipy_sgemm_64_", "scipy_dgemm_64_"), True),
-                         (("sgemm_64_", "dgemm_64_"), True), (("sgemm_", "dgemm_"), False)):
-        for path in candidates:
+    own = (root + os.sep, root + ".libs" + os.sep)  # where numpy's wheels keep their library
+    for controller in sorted(controllers, key=lambda c: not c.filepath.startswith(own)):
+        for s_name, d_name, ilp64 in _GEMM_NAMES:
             try:
-                lib = ctypes.CDLL(path)
-                return _address(getattr(lib, names[0])), _address(getattr(lib, names[1])), ilp64
-            except (OSError, AttributeError):
+                sgemm, dgemm = getattr(controller.dynlib, s_name), getattr(controller.dynlib, d_name)
+            except AttributeError:
                 continue
+            if _multiplies_correctly(_address(sgemm), ilp64):
+                return _address(sgemm), _address(dgemm), ilp64
     return None
 
 
@@ -64,13 +98,24 @@ def _scipy_blas():
             get_cython_function_address("scipy.linalg.cython_blas", "dgemm"), False)
 
 
-def find_blas():
-    found = _numpy_blas()
-    return ("numpy", *found) if found else ("scipy", *_scipy_blas())
+@functools.lru_cache(maxsize=None)
+def _choose(prefer_numpy):
+    found = _numpy_blas() if prefer_numpy else None
+    if found:
+        return "numpy's", np.array(found, np.int64)
+    return "scipy's", np.array(_scipy_blas(), np.int64)
 
 
-BLAS_NAME, *_found = find_blas()
-BLAS = np.array(_found, np.int64)  # [sgemm address, dgemm address, 1 if 64-bit integers]
+def library(prefer_numpy=True):
+    """The BLAS the kernels call, found on first use (see above): an int64 array
+    [sgemm address, dgemm address, 1 if its integers are 64-bit].
+    prefer_numpy=False gives the fallback (the tests use it)."""
+    return _choose(prefer_numpy)[1]
+
+
+def library_name():
+    """Which BLAS `library()` is: "numpy's" or "scipy's"."""
+    return _choose(True)[0]
 
 
 # ----------------------------------------------------------- calling BLAS

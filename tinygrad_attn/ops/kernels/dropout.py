@@ -11,15 +11,21 @@ the same key. Indices are taken modulo 2^32.
 """
 from numba import njit
 
-from .mathx import uniform_bits
-from .reductions import KERNEL_FASTMATH
+from .fastmath import KERNEL_FASTMATH
+from .random_bits import uniform_bits
+from .threads import parallel_for
 
 
 @njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
-def dropout_apply(x, key, threshold, scale, out, start, stop):
+def _dropout_apply(x, key, threshold, scale, out, start, stop):
     """out[i] = x[i] * mask[i] * scale for i in [start, stop) (1-D arrays)."""
     zero = x.dtype.type(0)
     xs, outs = x[start:stop], out[start:stop]  # indices from 0: no negative-index checks in the loop
     for j in range(xs.shape[0]):
         # multiply rather than select, so a NaN in x stays visible
         outs[j] = xs[j] * (scale if uniform_bits(key, start + j) >= threshold else zero)
+
+
+def dropout_apply(x, key, threshold, scale, out):
+    """out = x * mask * scale, x and out 1-D (the mask of element i is decided by (key, i))."""
+    parallel_for(_dropout_apply, x.shape[0], x, key, threshold, scale, out)

@@ -13,23 +13,22 @@ memory with temporaries in between.
 Subtracting the row max keeps every exp argument <= 0: logits of +-1e4 are
 fine. A row containing NaN gives NaN.
 
-Like every kernel here, these are serial over a range of rows
-[start, stop) and release the GIL; `threads.parallel_for` runs ranges on
-several threads.
+The loops are serial over a range of rows [start, stop) and release the
+GIL; the functions at the end run them over all rows on our threads.
 """
 import numpy as np
 from numba import njit
 
-from .mathx import exp
-from .reductions import SUM_FASTMATH
+from .fastmath import SUM_FASTMATH, exp
+from .threads import parallel_for
 
-# SUM_FASTMATH lets LLVM reorder the row sums (see reductions.py). The one
+# SUM_FASTMATH lets LLVM reorder the row sums (see fastmath.py). The one
 # difference it must not regroup, (x - m) - log s, goes through memory:
 # x - m is stored first and log s subtracted in a second loop.
 
 
 @njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
-def softmax_forward(x, out, log, start, stop):
+def _softmax_forward(x, out, log, start, stop):
     """out[r] = softmax(x[r]) (log_softmax if `log`) for rows r in [start, stop)."""
     n = x.shape[1]
     one, zero = x.dtype.type(1), x.dtype.type(0)
@@ -58,7 +57,7 @@ def softmax_forward(x, out, log, start, stop):
 
 
 @njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
-def softmax_backward(y, grad, out, log, start, stop):
+def _softmax_backward(y, grad, out, log, start, stop):
     """out = dL/dx from the forward output y and grad = dL/dy, rows [start, stop)."""
     n = y.shape[1]
     for r in range(start, stop):
@@ -74,3 +73,13 @@ def softmax_backward(y, grad, out, log, start, stop):
                 s += gr[j] * yr[j]
             for j in range(n):
                 dr[j] = yr[j] * (gr[j] - s)
+
+
+def softmax_forward(x, out, log):
+    """out = softmax(x) row by row (log_softmax if `log`); x, out: C-contiguous (rows, n)."""
+    parallel_for(_softmax_forward, x.shape[0], x, out, log, item_size=x.shape[1])
+
+
+def softmax_backward(y, grad, out, log):
+    """out = dL/dx from the forward output y and grad = dL/dy, all C-contiguous (rows, n)."""
+    parallel_for(_softmax_backward, y.shape[0], y, grad, out, log, item_size=y.shape[1])

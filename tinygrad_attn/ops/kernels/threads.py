@@ -1,49 +1,117 @@
-"""`parallel_for`: run a kernel over ranges of its rows on a few threads.
+"""The one threading policy of tinygrad_attn: `parallel_for` and the thread count.
 
 Every kernel is a serial Numba function compiled with `nogil=True` whose
 last two arguments are a range of items (rows, matrices, blocks) to do:
-`kernel(*args, start, stop)`. `parallel_for` cuts [0, n) into ranges of
-at least `min_items` (callers size them at ~100 us of work), at most four
-per thread, and lets the calling thread and the workers take them in turn.
-Why not Numba's own `prange`, measured on a 2-core machine:
+`kernel(*args, start, stop)`. `parallel_for(kernel, n_items, *args,
+item_size=...)` cuts [0, n_items) into ranges and lets the calling thread
+and a few workers take them in turn. The rule, the same for every kernel:
 
-- compile time: a `parallel=True` kernel compiles 2-3x slower than the same
-  serial kernel (attention forward: 7 s against 2.7 s cold), and the first
-  training step of a fresh install waits for every kernel it uses;
-- no spinning: idle workers block on a queue, so they never take a core
-  from OpenBLAS, the pitfall of Numba's default OpenMP layer (a LayerNorm
-  kernel alternating with a matmul ran 7x slower);
-- a worker that wakes late costs nothing, the other threads take its
-  ranges; small inputs run on the calling thread without waking anyone.
+- a range holds at least GRAIN elements of work (`item_size` says how
+  many one item is: a row's length, a matrix's multiply-adds / 32), so
+  small inputs run on the calling thread without waking anyone;
+- at most four ranges per thread, so a thread that starts late (another
+  process had its core) leaves its share to the others instead of making
+  them wait: the work flows to whichever cores are free;
+- idle workers sleep on a queue; nothing spins, so nothing competes with
+  the computing threads or other programs for a core.
+
+BLAS is part of the policy. Inside a parallel job every BLAS call runs
+single-threaded (the job owns the threads); a job with a single range calls
+BLAS with one thread too, and the kernels that multiply split large
+products into ranges themselves. BLAS's own thread pool would split a
+product statically and wait at a barrier for its slowest thread: on a
+machine whose other core is busy, each product then waits for a scheduler
+tick. The library numpy uses is set back to its own thread count after each
+job, so numpy code outside tinygrad_attn keeps its behaviour.
 
 Each item is computed by one thread in a fixed order, so results are
 bit-identical whatever the number of threads.
+
+Why not Numba's `prange`: a `parallel=True` kernel compiles 2-3x slower
+(cold start counts), and its OpenMP or TBB workers spin between loops,
+taking the cores that BLAS and other work need.
 """
 import contextlib
 import os
 import queue
 import threading
 
-import numba
+GRAIN = 1 << 16  # elements of work in a range: ~20-80 us for the kernels here
+_RANGES_PER_THREAD = 4
 
-_TASKS_PER_THREAD = 4
-_num_threads = max(1, int(numba.config.NUMBA_NUM_THREADS))
+_num_threads = None  # None: as many as this process may use (set_num_threads)
 _queue = queue.SimpleQueue()
 _workers = []
 _workers_lock = threading.Lock()
-_dry_run_calls = None  # a dict while `dry_run` is active
+_dry_run_calls = None  # a dict while `dry_run()` is active
+
+
+def _usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def get_num_threads():
-    return _num_threads
+    """Threads tinygrad_attn computes with (the calling one included)."""
+    return _num_threads or _usable_cores()
 
 
 def set_num_threads(n):
-    """Use up to n threads (the calling one included) for kernels."""
+    """Compute with n threads: our kernels' pool and BLAS (numpy's library,
+    through threadpoolctl) both use n. n=None goes back to the default, the
+    cores this process may use (BLAS keeps its current setting then)."""
     global _num_threads
-    if n < 1:
-        raise ValueError(f"set_num_threads: need at least one thread, got {n}")
-    _num_threads = int(n)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"set_num_threads: need a positive integer (or None), got {n!r}")
+    _num_threads = n
+    if n is not None:
+        for controller in _blas.controllers():
+            controller.set_num_threads(n)
+            _blas.saved[id(controller)] = n
+
+
+class _BlasThreads:
+    """Runs BLAS single-threaded while our jobs run (module docstring).
+
+    Jobs may overlap (kernels called from several Python threads): BLAS is
+    set to one thread when the first starts and restored when the last ends."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.active = 0
+        self.saved = {}
+        self._controllers = None
+
+    def controllers(self):
+        """threadpoolctl's controllers of the BLAS libraries loaded (none without threadpoolctl)."""
+        if self._controllers is None:
+            try:
+                import threadpoolctl
+                self._controllers = threadpoolctl.ThreadpoolController().select(user_api="blas").lib_controllers
+            except Exception:  # no threadpoolctl, or a library it cannot handle: leave BLAS alone
+                self._controllers = []
+        return self._controllers
+
+    @contextlib.contextmanager
+    def single(self):
+        with self.lock:
+            self.active += 1
+            if self.active == 1:
+                for c in self.controllers():
+                    self.saved[id(c)] = c.get_num_threads()
+                    if self.saved[id(c)] != 1:
+                        c.set_num_threads(1)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.active -= 1
+                if self.active == 0:
+                    for c in self.controllers():
+                        if self.saved[id(c)] != 1:
+                            c.set_num_threads(self.saved[id(c)])
+
+
+_blas = _BlasThreads()
 
 
 class _Job:
@@ -85,37 +153,39 @@ def _ensure_workers(n):
 
 def _forget_workers_after_fork():
     # A forked child has only the forking thread: start afresh.
-    global _queue, _workers_lock
+    global _queue, _workers_lock, _blas
     _queue = queue.SimpleQueue()
     _workers.clear()
     _workers_lock = threading.Lock()
+    _blas = _BlasThreads()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-def parallel_for(kernel, n_items, *args, min_items=1):
+def parallel_for(kernel, n_items, *args, item_size=1):
     """Run kernel(*args, start, stop) over ranges covering [0, n_items).
 
-    Ranges have at least `min_items` items (a kernel's unit of work is
-    sized so that one range is worth a thread wake-up, ~30 us).
+    item_size: the elements of work one item is (the module docstring).
     """
     if _dry_run_calls is not None:
         _dry_run_calls.setdefault((kernel, tuple(kernel.typeof_pyval(a) for a in args + (0, n_items))))
         return
-    n_ranges = min(_num_threads * _TASKS_PER_THREAD, n_items // max(1, min_items))
-    if n_ranges <= 1 or _num_threads == 1:
-        kernel(*args, 0, n_items)
-        return
-    bounds = [n_items * t // n_ranges for t in range(n_ranges + 1)]
-    job = _Job(kernel, args, bounds)
-    helpers = min(_num_threads, n_ranges) - 1
-    _ensure_workers(helpers)
-    for _ in range(helpers):
-        _queue.put(job)
-    job.work()
-    job.done.wait()
+    threads = get_num_threads()
+    n_ranges = min(threads * _RANGES_PER_THREAD, n_items, max(1, n_items * item_size // GRAIN))
+    with _blas.single():
+        if n_ranges <= 1 or threads == 1:
+            kernel(*args, 0, n_items)
+            return
+        bounds = [n_items * t // n_ranges for t in range(n_ranges + 1)]
+        job = _Job(kernel, args, bounds)
+        helpers = min(threads, n_ranges) - 1
+        _ensure_workers(helpers)
+        for _ in range(helpers):
+            _queue.put(job)
+        job.work()
+        job.done.wait()
     if job.error is not None:
         raise job.error
 
@@ -125,7 +195,7 @@ def dry_run():
     """Inside, `parallel_for` runs nothing: it notes which kernel would run with
     which Numba argument types. Yields a list of (kernel, argument types),
     first calls first, each once; it is filled when the block ends. Outputs
-    stay uninitialised (precompile.py uses this to learn what a step compiles)."""
+    stay uninitialised (tinygrad_attn/warmup.py uses this to learn what a step compiles)."""
     global _dry_run_calls
     _dry_run_calls, calls = {}, []
     try:

@@ -1,5 +1,5 @@
-"""Shared plumbing of the fused ops: dtype checks, row views, the BLAS view
-of stacks of matrices, batch index maps, and how much work is worth a thread.
+"""How ops hand arrays to kernels: dtype checks, row views, the BLAS view of
+stacks of matrices, batch index maps.
 
 The row kernels take C-contiguous (rows, n) float32/float64 arrays; the
 matrix kernels take each operand as (memory, offset of each matrix, row
@@ -11,17 +11,6 @@ import functools
 import math
 
 import numpy as np
-
-from .kernels import parallel_for
-
-# A range of work handed to a thread should take ~100 us: each range costs a
-# kernel call (~3 us), and waking a sleeping thread costs 50-100 us on a VM,
-# so smaller jobs run faster on the calling thread alone. Ops size their
-# ranges with their kernel's time per element on one core (float32,
-# measured on the development machine): an exp or the dropout hash costs
-# ~1 ns, a multiply-add in BLAS ~0.035 ns, other element work 0.2-0.5 ns.
-RANGE_NS = 100_000
-BLAS_NS = 0.035  # one multiply-add of a small BLAS product
 
 
 def float_dtype(op, *arrays):
@@ -38,16 +27,6 @@ def as_rows(x, dtype=None):
     n = x.shape[-1] if x.ndim else 1
     rows = math.prod(x.shape[:-1])  # not -1: n may be 0
     return np.ascontiguousarray(x, dtype=dtype).reshape(rows, n)
-
-
-def items_per_range(item_ns):
-    """How many items of `item_ns` nanoseconds each make a range worth a thread."""
-    return max(1, int(RANGE_NS / max(item_ns, 1e-3)))
-
-
-def run_rows(kernel, n_rows, row_ns, *args):
-    """Run a kernel over rows [0, n_rows), each taking about `row_ns` nanoseconds."""
-    parallel_for(kernel, n_rows, *args, min_items=items_per_range(row_ns))
 
 
 def batch_index(part_shape, full_shape):

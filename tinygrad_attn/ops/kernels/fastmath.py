@@ -1,9 +1,18 @@
-"""Scalar helpers the kernels inline: a vectorizable exp and a counter-based
-random number generator.
+"""What makes the kernels' loops fast: fast-math flags and a vectorizable exp.
 
-Why our own exp: Numba compiles `np.exp` to a call into libm, one element at
-a time (SVML, which used to vectorize it, is gone), and exp dominates
-softmax. The version here is plain arithmetic that LLVM turns into SIMD code:
+Fast-math flags. A float sum can run in SIMD lanes with several partial
+sums only if LLVM may reorder the additions: the flag 'reassoc'. The order
+is still fixed by the compiled code, so results stay deterministic. But
+'reassoc' also lets LLVM regroup (x - m) - log s into x - (m + log s), and
+with logits of 1e4 in float32, m + log s rounds log s away. So kernels
+where such a difference matters (log-softmax, cross-entropy) are compiled
+with KERNEL_FASTMATH, without 'reassoc'; kernels with nothing to fear
+(LayerNorm, attention) use SUM_FASTMATH; softmax too, routing its one
+risky difference through memory.
+
+exp. Numba compiles `np.exp` to a call into libm, one element at a time,
+and exp dominates softmax. The version here is plain arithmetic that LLVM
+turns into SIMD code:
 
     exp(x) = 2^n * exp(r),   n = round(x / ln 2),   r = x - n ln 2,  |r| <= ln(2)/2
 
@@ -12,19 +21,14 @@ float64: Taylor to degree 13, error below 2^-52), and 2^n is built directly
 from its exponent bits, (n + bias) << mantissa_bits, reinterpreted as a
 float. Arguments below the smallest normal number give exactly 0, so -inf
 (a masked score) gives 0; NaN gives NaN.
-
-Why our own RNG: dropout needs one uniform number per element, decided by
-(seed, element index) alone, so a mask is the same whatever the number of
-threads, can be regenerated in backward instead of stored, and the loop
-vectorizes. `uniform_bits` hashes the index with a 32-bit integer mixer
-(lowbias32, by C. Wellons), keyed by the seed.
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic, overload
 
-# ------------------------------------------------------------------ bit casts
+KERNEL_FASTMATH = {"nsz", "contract", "arcp"}
+SUM_FASTMATH = KERNEL_FASTMATH | {"reassoc"}
 
 
 @intrinsic
@@ -41,8 +45,6 @@ def int_bits_as_float(typingctx, bits):
 
     return result(bits), codegen
 
-
-# ----------------------------------------------------------------------- exp
 
 def _exp32(x):
     x = np.float32(-104.0) if x < np.float32(-104.0) else x  # -inf -> a finite value whose exp is 0
@@ -105,39 +107,3 @@ def _exp_overload(x):
     if x == types.float64:
         return _exp64
     return None
-
-
-# ----------------------------------------------------------------------- RNG
-
-@njit(inline="always")
-def mix32(x):
-    """lowbias32: a bijection of uint32 with good avalanche (Wellons)."""
-    # Numba widens integer arithmetic to 64 bits; np.uint32(...) keeps the low 32.
-    x = np.uint32(x ^ (x >> np.uint32(16)))
-    x = np.uint32(x * np.uint32(0x7FEB352D))
-    x = np.uint32(x ^ (x >> np.uint32(15)))
-    x = np.uint32(x * np.uint32(0x846CA68B))
-    return np.uint32(x ^ (x >> np.uint32(16)))
-
-
-@njit(inline="always")
-def uniform_bits(key, index):
-    """32 random bits for element `index` of the stream named by `key`.
-
-    Two rounds of the mixer over (index, key): neighbouring indices give
-    unrelated bits, and the same (key, index) always gives the same bits.
-    """
-    return mix32(np.uint32(mix32(np.uint32(index) ^ key) + key))
-
-
-def uniform_bits_numpy(key, indices):
-    """`uniform_bits` for a numpy array of indices (the readable reference
-    implementations and the tests use it to rebuild a kernel's mask)."""
-    def mix(x):
-        x = x ^ (x >> np.uint32(16))
-        x = x * np.uint32(0x7FEB352D)  # uint32 arithmetic wraps modulo 2^32, as in the kernel
-        x = x ^ (x >> np.uint32(15))
-        x = x * np.uint32(0x846CA68B)
-        return x ^ (x >> np.uint32(16))
-    key = np.uint32(key)
-    return mix(mix(np.asarray(indices).astype(np.uint32) ^ key) + key)

@@ -1,0 +1,127 @@
+"""Arrows point down: no module imports from a layer above its own.
+
+The layers of docs/architecture.md, bottom first. Every import statement of
+every module counts, including those inside functions (an import at call
+time is still an upward dependency). A module may import its own layer and
+the layers below.
+"""
+import ast
+import os
+
+import pytest
+
+import tinygrad_attn as tg
+
+PACKAGE = os.path.dirname(os.path.abspath(tg.__file__))
+
+LAYERS = [  # (name, paths relative to the package; a path ending in / is a folder)
+    ("kernels", ["ops/kernels/"]),
+    ("shapes", ["shapes.py", "random.py"]),
+    ("engine", ["autograd.py"]),
+    ("ops", ["ops/"]),
+    ("tensor", ["tensor.py"]),
+    ("functional", ["functional.py", "reference.py", "gradcheck.py"]),
+    ("nn", ["nn/"]),
+    ("optim", ["optim/"]),
+    ("tools", [""]),  # everything else: checkpoint, viz, data, models, train, cli, warmup, __init__
+]
+
+
+def layer_of(relative_path):
+    """Index in LAYERS of a module's file (the most specific path wins)."""
+    best = None
+    for index, (_, paths) in enumerate(LAYERS):
+        for path in paths:
+            matches = relative_path == path or (path.endswith("/") or path == "") and relative_path.startswith(path)
+            if matches and (best is None or len(path) > best[1]):
+                best = (index, len(path))
+    return best[0]
+
+
+def module_path(module):
+    """tinygrad_attn.ops.kernels.threads -> ops/kernels/threads.py (or .../__init__.py)."""
+    parts = module.split(".")[1:]
+    base = os.path.join(PACKAGE, *parts)
+    if os.path.isdir(base):
+        return os.path.relpath(os.path.join(base, "__init__.py"), PACKAGE)
+    return os.path.relpath(base + ".py", PACKAGE)
+
+
+def package_modules():
+    for root, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                yield os.path.relpath(os.path.join(root, name), PACKAGE)
+
+
+def imported_modules(relative_path):
+    """The tinygrad_attn modules a file imports, as (line, module name)."""
+    path = os.path.join(PACKAGE, relative_path)
+    tree = ast.parse(open(path).read(), path)
+    package = "tinygrad_attn." + os.path.dirname(relative_path).replace(os.sep, ".") if os.path.dirname(
+        relative_path) else "tinygrad_attn"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tinygrad_attn"):
+                    yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("tinygrad_attn"):
+                continue
+            for alias in node.names:  # `from . import nn` imports the module tinygrad_attn.nn
+                candidate = f"{target}.{alias.name}"
+                is_module = os.path.exists(os.path.join(PACKAGE, *candidate.split(".")[1:])) or \
+                    os.path.exists(os.path.join(PACKAGE, *candidate.split(".")[1:]) + ".py")
+                yield node.lineno, candidate if is_module else target
+
+
+def upward_imports():
+    found = []
+    for relative in sorted(package_modules()):
+        own = layer_of(relative)
+        for line, module in imported_modules(relative):
+            theirs = layer_of(module_path(module))
+            if theirs > own:
+                found.append(f"{relative}:{line} ({LAYERS[own][0]}) imports {module} ({LAYERS[theirs][0]})")
+    return found
+
+
+def test_no_module_imports_from_a_layer_above():
+    assert upward_imports() == []
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("from ..tensor import Tensor\n", "ops/x.py:1 (ops) imports tinygrad_attn.tensor (tensor)"),
+    ("def f():\n    from .. import functional\n", "ops/x.py:2 (ops) imports tinygrad_attn.functional (functional)"),
+])
+def test_the_check_sees_upward_imports_even_inside_functions(tmp_path, monkeypatch, source, expected):
+    """Negative control: a planted upward import (also a call-time one) is reported."""
+    import shutil
+    copy = tmp_path / "tinygrad_attn"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "ops" / "x.py").write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", str(copy))
+    assert expected in upward_imports()
+
+
+def test_op_classes_do_not_share_names_with_layers():
+    """grad_fn=<...> and tracebacks name an op; it must not read as an nn layer."""
+    from tinygrad_attn import nn
+    layers = {name for name in dir(nn) if isinstance(getattr(nn, name), type)}
+    assert sorted(set(tg.Function.registry) & layers) == []
+
+
+def test_op_files_say_nothing_about_threads():
+    """The threading policy lives in ops/kernels/threads.py alone."""
+    ops = os.path.join(PACKAGE, "ops")
+    for name in os.listdir(ops):
+        if name.endswith(".py"):
+            text = open(os.path.join(ops, name)).read()
+            for word in ("thread", "parallel_for", "_NS", "min_items"):
+                assert word not in text, f"ops/{name} mentions {word!r}"

@@ -1,0 +1,216 @@
+"""What importing tinygrad_attn does (nothing but Numba's cache setting), and
+compiling a training step's kernels ahead of time (warmup.py)."""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+from numba import njit
+from numba.core.caching import FunctionCache
+
+import tinygrad_attn as tg
+from tinygrad_attn import functional as F
+from tinygrad_attn import nn
+from tinygrad_attn.ops import kernels
+from tinygrad_attn import warmup
+from tinygrad_attn.ops.kernels import threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=ROOT, **env)).stdout
+
+
+def test_import_starts_no_process_and_changes_no_global_state(tmp_path):
+    """With an empty kernel cache (where a background compile used to start),
+    importing leaves no child process, keeps malloc's settings, Numba's own
+    dispatcher caches and BLAS's thread count, and compiles nothing."""
+    out = _run("""
+        import os, numpy, threadpoolctl
+        before = [lib["num_threads"] for lib in threadpoolctl.threadpool_info()]
+        import tinygrad_attn
+        from numba.core.caching import FunctionCache
+        from tinygrad_attn.ops import kernels
+        def parent(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:  # gone meanwhile
+                return None
+        children = [d for d in os.listdir("/proc") if d.isdigit() and parent(d) == os.getpid()]
+        after = [lib["num_threads"] for lib in threadpoolctl.threadpool_info()]
+        print(len(children), before == after,
+              all(type(k._cache) is FunctionCache for k in kernels.KERNELS),
+              sum(len(k.signatures) for k in kernels.KERNELS),
+              sum(len(files) for _, _, files in os.walk(os.environ["NUMBA_CACHE_DIR"])))
+        """, NUMBA_CACHE_DIR=str(tmp_path))
+    assert out.split() == ["0", "True", "True", "0", "0"]
+    assert not hasattr(tg, "_memory")
+
+
+def test_blas_threads_are_ours_during_a_kernel_and_restored_after():
+    from tinygrad_attn.ops.kernels.threads import _blas
+    controllers = _blas.controllers()
+    assert controllers, "threadpoolctl finds numpy's BLAS here"
+    before = [c.get_num_threads() for c in controllers]
+    seen = []
+
+    def kernel(start, stop):
+        seen.append([c.get_num_threads() for c in controllers])
+    threads.parallel_for(kernel, 8, item_size=threads.GRAIN)
+    assert all(counts == [1] * len(controllers) for counts in seen)
+    assert [c.get_num_threads() for c in controllers] == before
+
+
+def test_set_num_threads_covers_our_pool_and_blas():
+    from tinygrad_attn.ops.kernels.threads import _blas
+    before = [c.get_num_threads() for c in _blas.controllers()]
+    try:
+        tg.set_num_threads(1)
+        assert tg.get_num_threads() == 1 and all(c.get_num_threads() == 1 for c in _blas.controllers())
+        calls = []
+        threads.parallel_for(lambda start, stop: calls.append((start, stop)), 100, item_size=threads.GRAIN)
+        assert calls == [(0, 100)]  # one thread: one range
+    finally:
+        tg.set_num_threads(None)
+        for c, n in zip(_blas.controllers(), before):
+            c.set_num_threads(n)
+    assert tg.get_num_threads() == threads._usable_cores()
+    for bad in (0, -1, 1.5, True, "2"):
+        try:
+            tg.set_num_threads(bad)
+        except ValueError as e:
+            assert "set_num_threads" in str(e)
+        else:
+            raise AssertionError(f"set_num_threads({bad!r}) did not raise")
+
+
+@njit(nogil=True)
+def _fill(out, value, start, stop):
+    for i in range(start, stop):
+        out[i] = value
+
+
+def test_dry_run_records_kernel_calls_without_running_them():
+    out = np.zeros(10)
+    with threads.dry_run() as calls:
+        threads.parallel_for(_fill, 10, out, 7.0)
+        threads.parallel_for(_fill, 5, out, 1.0)  # the same types: recorded once
+    assert not out.any()
+    assert [(k, tuple(map(str, types))) for k, types in calls] == [
+        (_fill, ("array(float64, 1d, C)", "float64", "int64", "int64"))]
+    threads.parallel_for(_fill, 10, out, 7.0)  # and afterwards, it runs again
+    assert (out == 7).all()
+
+
+def _dry_run(step):
+    with threads.dry_run() as calls, np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step()
+    return calls
+
+
+def _encoder_step():
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=True)
+    head = nn.Linear(16, 7)
+    padding = np.arange(5) > np.array([[4], [3], [2]])  # (3, 5): True = padding
+    logits = head(layer(tg.randn(3, 5, 16), src_key_padding_mask=padding))
+    F.cross_entropy(logits.reshape(-1, 7), np.arange(15) % 7).backward()
+
+
+def _causal_decoder_step():
+    layer = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.2, norm_first=True, batch_first=True)
+    out = layer(tg.randn(2, 6, 16, requires_grad=True), tg.randn(2, 4, 16), tgt_is_causal=True,
+                tgt_mask=nn.Transformer.generate_square_subsequent_mask(6))
+    F.cross_entropy(out.reshape(-1, 16), np.zeros(12, np.int64), ignore_index=3).backward()
+
+
+def _gpt_step():
+    from tinygrad_attn import models
+    gpt = models.GPT(models.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.1))
+    F.cross_entropy(gpt(np.arange(14).reshape(2, 7) % 11).reshape(-1, 11), np.zeros(14, np.int64)).backward()
+
+
+def test_the_warmup_steps_cover_other_transformer_steps():
+    """Warming up learns its kernels from tiny steps; steps of other shapes,
+    layers, masks and dropout need no other signature; every kernel is in."""
+    compiled = set(warmup.kernel_signatures((np.float32,)))
+    assert {k for k, _ in compiled} == set(kernels.KERNELS)
+    for step in (_encoder_step, _causal_decoder_step, _gpt_step):
+        assert set(_dry_run(step)) <= compiled
+    both = warmup.kernel_signatures((np.float32, np.float64))
+    assert len(both) == 2 * len(compiled)
+
+
+class _FakeKernel:
+    def __init__(self, name):
+        self.__name__, self.compiled = name, []
+
+    def compile(self, signature):
+        self.compiled.append(signature)
+
+
+def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
+    """The helper claims kernels from the end, the main process from the start;
+    each kernel (all its signatures) goes to exactly one of them."""
+    fakes = [_FakeKernel(f"k{i}") for i in range(5)]
+    calls = [(k, s) for k in fakes for s in ("f32", "f64")]
+    for index in (4, 3):  # the helper got these two first
+        assert warmup._claim(str(tmp_path), index)
+    assert not warmup._claim(str(tmp_path), 4)
+    started = []
+    monkeypatch.setattr(warmup, "_start_helper", lambda claims, calls: started.append(claims) or _DoneProcess())
+    monkeypatch.setattr(warmup, "is_warm", lambda calls: False)
+    monkeypatch.setattr(warmup.threads, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(warmup.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    monkeypatch.setattr(warmup, "_marker", lambda calls: str(tmp_path.parent / "marker"))
+    progress = []
+    warmup.compile_kernels(calls, helper=True, progress=lambda i, n, name: progress.append((i, name)))
+    assert started == [str(tmp_path)]
+    assert [k.compiled for k in fakes] == [["f32", "f64"]] * 3 + [[], []]
+    assert progress == [(0, "k0"), (1, "k1"), (2, "k2"), (5, "")]
+    assert not tmp_path.exists()  # the claims directory is removed
+    # the helper's side: it stops at the first kernel the main process claimed
+    claims = tmp_path.parent / "claims"
+    claims.mkdir()
+    warmup._claim(str(claims), 1)
+    for k in fakes:
+        k.compiled.clear()
+    monkeypatch.setattr(warmup, "KERNELS", tuple(fakes))
+    (claims / "calls.pickle").write_bytes(__import__("pickle").dumps([(i, s) for i in range(5) for s in ("f32", "f64")]))
+    warmup._helper_main(str(claims))
+    assert [k.compiled for k in fakes] == [[], []] + [["f32", "f64"]] * 3
+
+
+class _DoneProcess:
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
+    """A real cold compile shared with a helper process; afterwards a fresh
+    process runs training steps without compiling anything."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    out = _run("""
+        import numpy as np
+        from tinygrad_attn import warmup
+        calls = warmup.kernel_signatures((np.float32,))
+        print(warmup.is_warm(calls))
+        warmup.compile_kernels(calls, helper=True)
+        print(warmup.is_warm(calls))
+        """, **env)
+    assert out.split() == ["False", "True"]
+    hits, misses = _run("""
+        import numpy as np
+        import tinygrad_attn as tg
+        from tinygrad_attn import warmup
+        warmup.training_steps(np.float32)
+        print(sum(sum(k.stats.cache_hits.values()) for k in tg.ops.kernels.KERNELS),
+              sum(sum(k.stats.cache_misses.values()) for k in tg.ops.kernels.KERNELS))
+        """, **env).split()
+    assert int(hits) == len(kernels.KERNELS) and int(misses) == 0
+    assert all(type(k._cache) is FunctionCache for k in kernels.KERNELS)

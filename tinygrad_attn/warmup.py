@@ -1,0 +1,193 @@
+"""Compile a training step's kernels ahead of time: `python -m tinygrad_attn warmup`.
+
+Numba compiles a kernel the first time it is called with new argument
+types (0.3-1.5 s each; a Transformer step uses a dozen) and caches it on
+disk, so only the first run after installing (or after editing a kernel)
+pays. Nothing happens at import; this module is for the programs that
+prefer to pay up front and say so:
+
+1. `signatures_of(step)` runs a training step as a dry run
+   (`threads.dry_run`: no kernel runs) and lists which kernels it calls with
+   which argument types, in the order of first use (`kernel_signatures()`
+   does it for tiny steps that call every kernel; the `train` command for
+   its own model's step);
+2. `compile_kernels(calls)` compiles them (or loads them from the cache)
+   in this process, with a progress line. With `helper=True` (the `train`
+   command on a cold cache, on a machine with two cores or more) a second
+   process compiles from the end of the list while this one compiles from
+   the start: Numba's compiler holds a global lock, so threads cannot share
+   the work, processes can. Each kernel goes to one process only, claimed
+   by creating a file in a private directory, so no two processes ever
+   write the same kernel's cache files (no locks on Numba's cache needed);
+   this process then waits for the helper and loads its kernels.
+3. a marker file in the cache (named after the kernels' sources, the
+   Numba, Python and machine versions and the calls) records that these
+   calls were compiled, so later runs start no helper.
+"""
+import contextlib
+import glob
+import hashlib
+import os
+import pickle
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numba
+import numpy as np
+
+from .ops.kernels import KERNELS, threads
+
+
+def training_steps(dtype=np.float32):
+    """Tiny training steps in `dtype` that together call every kernel a
+    Transformer step calls, with the argument types a step of any size gives
+    them: an encoder-decoder with padding and causal masks, dropout and a
+    label-smoothed cross-entropy; a pre-norm causal GPT block with GELU (exact
+    and tanh); attention weights; a batched product."""
+    import tinygrad_attn as tg
+    from tinygrad_attn import functional as F
+    from tinygrad_attn import nn
+    rand = lambda *shape: tg.Tensor(np.random.default_rng(0).standard_normal(shape).astype(dtype),
+                                    requires_grad=True)
+    model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16,
+                           dropout=0.1, batch_first=True)
+    head = nn.Linear(8, 5)
+    if dtype != np.float32:
+        model.to(dtype), head.to(dtype)
+    src, tgt = rand(2, 3, 8), rand(2, 4, 8)
+    padding = np.array([[False, False, True], [False, False, False]])
+    out = model(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(4),
+                src_key_padding_mask=padding, memory_key_padding_mask=padding)
+    F.cross_entropy(head(out).reshape(-1, 5), np.arange(8) % 5, label_smoothing=0.1).backward()
+    block = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", norm_first=True,
+                                       batch_first=True)
+    if dtype != np.float32:
+        block.to(dtype)
+    x = rand(2, 3, 8)
+    causal = nn.Transformer.generate_square_subsequent_mask(3)
+    (block(x, src_mask=causal, is_causal=True).sum() + x.gelu(approximate="tanh").sum()).backward()
+    q = rand(2, 3, 4)
+    _, w = F.scaled_dot_product_attention(q, q, q, need_weights=True)
+    (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()).backward()
+
+
+def signatures_of(step):
+    """[(kernel, argument types)] that step() calls, first use first, from a dry run
+    (no kernel runs; step's results are garbage and must be thrown away)."""
+    with threads.dry_run() as calls, np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the dry run computes on uninitialised arrays
+        step()
+    return calls
+
+
+def kernel_signatures(dtypes=(np.float32,)):
+    """[(kernel, argument types)] of `training_steps` in each dtype, first use first."""
+    return signatures_of(lambda: [training_steps(dtype) for dtype in dtypes])
+
+
+def _state_key(calls):
+    """Names a cache holding these compiled calls: the source code of the
+    kernels and of the ops calling them, the versions, and the calls."""
+    digest = hashlib.sha256()
+    ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
+    for path in sorted(glob.glob(os.path.join(ops, "kernels", "*.py")) + glob.glob(os.path.join(ops, "*.py"))):
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    digest.update(f"{numba.__version__} {sys.version} {platform.machine()}".encode())
+    digest.update(repr(sorted(f"{k.__name__}{sig}" for k, sig in calls)).encode())
+    return digest.hexdigest()[:20]
+
+
+def cache_dir():
+    """Where Numba keeps the compiled kernels."""
+    return KERNELS[0].stats.cache_path
+
+
+def _marker(calls):
+    return os.path.join(cache_dir(), f"tinygrad_attn-compiled-{_state_key(calls)}")
+
+
+def is_warm(calls):
+    """True if these calls were all compiled into the cache before (by `compile_kernels`)."""
+    return os.path.exists(_marker(calls))
+
+
+def _by_kernel(calls):
+    """[(kernel, [signatures])] in order of first use."""
+    grouped = {}
+    for kernel, signature in calls:
+        grouped.setdefault(kernel, []).append(signature)
+    return list(grouped.items())
+
+
+def _claim(claims, index):
+    """Take kernel `index` for this process; False if the other one has it."""
+    try:
+        os.close(os.open(os.path.join(claims, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _start_helper(claims, calls):
+    """The helper process, given the calls (pickled in the claims directory)."""
+    with open(os.path.join(claims, "calls.pickle"), "wb") as f:
+        pickle.dump([(KERNELS.index(kernel), signature) for kernel, signature in calls], f)
+    env = dict(os.environ)
+    if numba.config.CACHE_DIR:  # chosen by numba_cache.py or the user: the helper must use the same
+        env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    code = f"from tinygrad_attn import warmup; warmup._helper_main({claims!r})"
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _helper_main(claims):
+    """The helper process: claim kernels from the end of the list, compile them."""
+    with open(os.path.join(claims, "calls.pickle"), "rb") as f:
+        kernels = _by_kernel([(KERNELS[index], signature) for index, signature in pickle.load(f)])
+    for index in reversed(range(len(kernels))):
+        if not _claim(claims, index):
+            return  # the main process got here first: the rest is its
+        kernel, signatures = kernels[index]
+        for signature in signatures:
+            kernel.compile(signature)
+
+
+def compile_kernels(calls, progress=None, helper=False):
+    """Compile (or load from the cache) the kernels of `calls` ([(kernel,
+    argument types)], from `signatures_of` or `kernel_signatures`); returns
+    the seconds it took. progress(done, total, name) is called before each
+    kernel. helper: share the work with a second process when these calls
+    were never compiled here and there are two cores (module docstring)."""
+    start = time.perf_counter()
+    kernels = _by_kernel(calls)
+    use_helper = helper and len(kernels) > 1 and threads._usable_cores() >= 2 and not is_warm(calls)
+    claims = tempfile.mkdtemp(prefix="tinygrad_attn-warmup-") if use_helper else None
+    process = _start_helper(claims, calls) if use_helper else None
+    try:
+        for index, (kernel, signatures) in enumerate(kernels):
+            if claims is not None and not _claim(claims, index):
+                break  # the helper has this one and every one after it
+            if progress is not None:
+                progress(index, len(kernels), kernel.__name__.lstrip("_"))
+            for signature in signatures:
+                kernel.compile(signature)
+        if process is not None:
+            process.wait(timeout=300)  # its kernels are in the cache now; the first call loads them
+    except subprocess.TimeoutExpired:
+        process.kill()  # what it did not compile, the first call here compiles
+    finally:
+        if claims is not None:
+            shutil.rmtree(claims, ignore_errors=True)
+    if progress is not None:
+        progress(len(kernels), len(kernels), "")
+    with contextlib.suppress(OSError):
+        open(_marker(calls), "w").close()
+    return time.perf_counter() - start
