@@ -1,15 +1,26 @@
-"""The same computations in plain numpy (forward and hand-written backward)
-and in PyTorch, for benchmarks/run.py.
+"""The same computations in plain numpy (forward and hand-written backward),
+and PyTorch twins of the benchmark's models (used by impl_numpy.py and
+impl_torch.py).
 
-Each factory takes the input arrays and returns two callables, forward
-and forward+backward, so every framework is timed on the same work.
+Each numpy factory takes the input arrays and returns two callables,
+forward and forward+backward (its backward starts from some gradient of the
+output's shape: the work, not the values, is what matches the others).
 """
 import math
+import types
 
 import numpy as np
 
-
 # ------------------------------------------------------------ plain numpy
+
+def numpy_blas():
+    """The name and version of numpy's BLAS, as numpy reports it."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    except (TypeError, KeyError):  # numpy < 1.26 has no mode="dicts"
+        return "unknown"
+    return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+
 
 def np_softmax(x):
     def fwd():
@@ -89,6 +100,13 @@ def np_dropout(x, p, rng):
     return (lambda: fwd()[0]), fwd_bwd
 
 
+def dropout_ok(x, y, p):
+    """y is inverted dropout of x: zeros or x / (1 - p), about a fraction p of zeros.
+    (Each framework draws its own mask, so outputs are checked this way, not compared.)"""
+    kept = y != 0
+    return bool(np.allclose(y[kept], x[kept] / (1 - p), rtol=1e-6) and abs(kept.mean() - (1 - p)) < 0.01)
+
+
 def np_attention(q, k, v, causal):
     scale = 1 / math.sqrt(q.shape[-1])
     L, S = q.shape[-2], k.shape[-2]
@@ -114,37 +132,39 @@ def np_attention(q, k, v, causal):
 
 # ---------------------------------------------------------------- PyTorch
 
-def torch_case(torch, fn, arrays, differentiable):
-    """fwd and fwd+bwd (backward of a gradient of ones, made once) of fn on torch tensors."""
-    ts = [torch.tensor(a, requires_grad=d) for a, d in zip(arrays, differentiable)]
-    with torch.no_grad():
-        ones = torch.ones_like(fn(*ts))
-
-    def fwd():
-        with torch.no_grad():
-            return fn(*ts)
-
-    def fwd_bwd():
-        fn(*ts).backward(ones)
-        for t in ts:
-            t.grad = None
-    return fwd, fwd_bwd
-
-
 def torch_models(torch):
-    """PyTorch twins of tinygrad_attn.models' Seq2SeqTransformer and GPT, with
-    the same parameter names, so our state_dict loads into them."""
+    """PyTorch twins of the benchmark's models, with the parameter names of
+    ours, so our state_dict loads into them: `EncoderLM` (W1), `Seq2Seq`
+    (models.Seq2SeqTransformer) and `GPT` (models.GPT). Every layer argument
+    is passed by keyword. Returns them as attributes of a namespace."""
     tnn = torch.nn
 
-    class Seq2Seq(tnn.Module):
-        def __init__(self, c, pe):
+    class EncoderLM(tnn.Module):
+        """Embedding + sinusoidal positions `pe` + post-norm encoder layers + Linear."""
+
+        def __init__(self, vocab, d_model, nhead, ffn, layers, pe):
             super().__init__()
-            self.d_model = c.d_model
-            self.src_embed, self.tgt_embed = tnn.Embedding(c.vocab_size, c.d_model), tnn.Embedding(c.vocab_size, c.d_model)
+            self.embed = tnn.Embedding(num_embeddings=vocab, embedding_dim=d_model)
             self.register_buffer("pe", torch.tensor(pe), persistent=False)
-            self.transformer = tnn.Transformer(c.d_model, c.nhead, c.num_encoder_layers, c.num_decoder_layers,
-                                               c.dim_feedforward, c.dropout, batch_first=True, norm_first=c.norm_first)
-            self.generator = tnn.Linear(c.d_model, c.vocab_size)
+            layer = tnn.TransformerEncoderLayer(d_model=d_model, nhead=nhead, dim_feedforward=ffn, dropout=0.0,
+                                                activation="relu", batch_first=True, norm_first=False)
+            self.encoder = tnn.TransformerEncoder(encoder_layer=layer, num_layers=layers, enable_nested_tensor=False)
+            self.head = tnn.Linear(in_features=d_model, out_features=vocab)
+
+        def forward(self, ids):
+            return self.head(self.encoder(self.embed(ids) + self.pe[:ids.shape[1]]))
+
+    class Seq2Seq(tnn.Module):
+        def __init__(self, vocab_size, d_model, nhead, layers, ffn, pe):
+            super().__init__()
+            self.d_model = d_model
+            self.src_embed = tnn.Embedding(num_embeddings=vocab_size, embedding_dim=d_model)
+            self.tgt_embed = tnn.Embedding(num_embeddings=vocab_size, embedding_dim=d_model)
+            self.register_buffer("pe", torch.tensor(pe), persistent=False)
+            self.transformer = tnn.Transformer(d_model=d_model, nhead=nhead, num_encoder_layers=layers,
+                                               num_decoder_layers=layers, dim_feedforward=ffn, dropout=0.0,
+                                               batch_first=True, norm_first=False)
+            self.generator = tnn.Linear(in_features=d_model, out_features=vocab_size)
 
         def embed(self, embedding, ids):
             return embedding(ids) * math.sqrt(self.d_model) + self.pe[:ids.shape[1]]
@@ -158,16 +178,20 @@ def torch_models(torch):
             return self.generator(x)
 
     class GPT(tnn.Module):
-        def __init__(self, c):
+        """Learned positions, pre-norm blocks with `activation`, a final LayerNorm, a tied head."""
+
+        def __init__(self, vocab, block, n_layer, n_head, n_embd, activation, bias=True):
             super().__init__()
-            self.tok_emb = tnn.Embedding(c.vocab_size, c.n_embd)
+            self.tok_emb = tnn.Embedding(num_embeddings=vocab, embedding_dim=n_embd)
             self.pos_emb = tnn.Module()
-            self.pos_emb.weight = tnn.Parameter(torch.zeros(c.block_size, c.n_embd))
-            block = tnn.TransformerEncoderLayer(c.n_embd, c.n_head, c.dim_feedforward, c.dropout,
-                                                activation="gelu", batch_first=True, norm_first=True, bias=c.bias)
-            self.transformer = tnn.TransformerEncoder(block, c.n_layer, norm=tnn.LayerNorm(c.n_embd, bias=c.bias),
+            self.pos_emb.weight = tnn.Parameter(torch.zeros(block, n_embd))
+            layer = tnn.TransformerEncoderLayer(d_model=n_embd, nhead=n_head, dim_feedforward=4 * n_embd,
+                                                dropout=0.0, activation=activation, batch_first=True,
+                                                norm_first=True, bias=bias)
+            self.transformer = tnn.TransformerEncoder(encoder_layer=layer, num_layers=n_layer,
+                                                      norm=tnn.LayerNorm(n_embd, bias=bias),
                                                       enable_nested_tensor=False)
-            self.lm_head = tnn.Linear(c.n_embd, c.vocab_size, bias=False)
+            self.lm_head = tnn.Linear(in_features=n_embd, out_features=vocab, bias=False)
             self.lm_head.weight = self.tok_emb.weight
 
         def forward(self, idx):
@@ -176,4 +200,4 @@ def torch_models(torch):
             return self.lm_head(self.transformer(self.tok_emb(idx) + self.pos_emb.weight[:T], mask=causal,
                                                  is_causal=True))
 
-    return Seq2Seq, GPT
+    return types.SimpleNamespace(EncoderLM=EncoderLM, Seq2Seq=Seq2Seq, GPT=GPT)

@@ -1,0 +1,143 @@
+"""What the benchmark measures: every case's name, row label and sizes,
+shared by the parent (run.py, profile.py) and the workers (worker.py).
+
+A case is one timed unit of work. Its id names it in the worker protocol
+and names its shared input file (`files_of`):
+
+    W1, W2, W3, copy   a training step of a workload (WORKLOADS)
+    enc:0.0, enc:0.1   forward+backward of one encoder layer, dropout 0 / 0.1
+    kernel:KEY:fwd     a kernel's forward, no graph (KERNELS)
+    kernel:KEY:fwdbwd  its forward and the backward of a fixed random gradient
+    optim:KEY          one optimizer step on fixed gradients (OPTIMIZERS)
+    alt:KEY            a kernel, a BLAS matmul, both in turn (ours only)
+
+The tinygrad_attn worker writes a case's inputs and initial weights to
+`<dir>/<file>.npz` (its `init` request); every framework's worker builds
+the case from that file, so all of them start from the same numbers.
+
+This module imports only the standard library, so the parent stays free of
+any framework's thread pools.
+"""
+
+# ------------------------------------------------------------ the workloads
+# Every layer argument is passed by keyword in the builders (impl_*.py):
+# our defaults are moving to PyTorch's (batch_first=False, ffn 2048, dropout 0.1).
+
+W1 = dict(vocab=64, d_model=128, nhead=4, ffn=512, layers=2, batch=32, seq=64, lr=1e-3)
+W2 = dict(vocab=65, block=64, n_layer=4, n_head=4, n_embd=128, batch=12, lr=1e-3, weight_decay=0.1)
+W3 = dict(embed_dim=128, num_heads=4, batch=32, seq=64)
+COPY = dict(num_symbols=10, length=10, d_model=64, nhead=4, layers=2, ffn=256, batch=64, lr=1e-3,
+            weight_decay=0.01)
+CLIP_NORM = 1.0  # W2 and copy clip the global gradient norm as the trainer does; W1 does not
+
+WORKLOADS = {  # id: row label
+    "W1": "W1 encoder LM, 2 post-norm layers d128, Adam, 32x64",
+    "W2": "W2 char-GPT, 4 pre-norm blocks d128, AdamW, clip, 12x64",
+    "W3": "W3 MultiheadAttention(128, 4) fwd+bwd, 32x64",
+    "copy": "copy Seq2Seq, 2+2 layers d64, AdamW, clip, 64x10",
+}
+
+ENCODER = dict(d_model=128, nhead=4, ffn=512, batch=32, seq=64)
+ENCODER_CASES = ("enc:0.0", "enc:0.1")  # the dropout probability follows the colon
+
+# ------------------------------------------------------------ the kernels
+# KEY: (row label, shape text, inputs, differentiable), inputs as (kind, shape, scale):
+# "f" standard normal float32 times scale, "i" integers in [0, scale).
+_B, _T, _D, _H, _FF, _V = 32, 64, 128, 4, 512, 1024
+_E = _D // _H
+KERNELS = {
+    "bmm_issue": ("matmul (batched)", "(32,8,64,64)@same",
+                  [("f", (32, 8, 64, 64), 1.0), ("f", (32, 8, 64, 64), 1.0)], (True, True)),
+    "softmax_issue": ("softmax", "(64,8,128,128)", [("f", (64, 8, 128, 128), 3.0)], (True,)),
+    "linear": ("linear (in-proj)", f"({_B},{_T},{_D})->{3 * _D}",
+               [("f", (_B, _T, _D), 1.0), ("f", (3 * _D, _D), 0.1), ("f", (3 * _D,), 1.0)],
+               (True, True, True)),
+    "qk": ("matmul (Q K^T)", f"({_B},{_H},{_T},{_E})",
+           [("f", (_B, _H, _T, _E), 1.0), ("f", (_B, _H, _T, _E), 1.0)], (True, True)),
+    "softmax": ("softmax", f"({_B},{_H},{_T},{_T})", [("f", (_B, _H, _T, _T), 3.0)], (True,)),
+    "attention": ("attention", f"({_B},{_H},{_T},{_E})", [("f", (_B, _H, _T, _E), 1.0)] * 3,
+                  (True, True, True)),
+    "attention_causal": ("attention causal", f"({_B},{_H},{_T},{_E})", [("f", (_B, _H, _T, _E), 1.0)] * 3,
+                         (True, True, True)),
+    "layer_norm": ("layer_norm", f"({_B},{_T},{_D})",
+                   [("f", (_B, _T, _D), 1.0), ("f", (_D,), 1.0), ("f", (_D,), 1.0)], (True, True, True)),
+    "cross_entropy": ("cross_entropy", f"({_B * _T},{_V})", [("f", (_B * _T, _V), 1.0), ("i", (_B * _T,), _V)],
+                      (True, False)),
+    "dropout": ("dropout p=0.1", f"({_B},{_T},{_FF})", [("f", (_B, _T, _FF), 1.0)], (True,)),
+}
+KERNEL_GROUPS = (("Kernels at the issue's shapes", ("bmm_issue", "softmax_issue")),
+                 (f"Kernels at Transformer shapes (B={_B}, T={_T}, d={_D}, {_H} heads, ffn {_FF})",
+                  ("linear", "qk", "softmax", "attention", "attention_causal", "layer_norm",
+                   "cross_entropy", "dropout")))
+DROPOUT_P = 0.1
+
+# ------------------------------------------------------------ optimizers
+# The parameter shapes of W2's GPT (nanoGPT's CPU configuration).
+_LAYER = [(128,), (128,), (384, 128), (384,), (128, 128), (128,), (128,), (128,), (512, 128), (512,),
+          (128, 512), (128,)]
+OPTIM_SHAPES = [(65, 128), (64, 128)] + _LAYER * 4 + [(128,), (128,)]
+OPTIMIZERS = {  # KEY: (row label, class name, keyword arguments), the same in both frameworks
+    "sgd": ("SGD momentum 0.9", "SGD", dict(lr=1e-3, momentum=0.9)),
+    "adam": ("Adam", "Adam", dict(lr=1e-3)),
+    "adamw": ("AdamW", "AdamW", dict(lr=1e-3)),
+    "adamw_amsgrad": ("AdamW amsgrad", "AdamW", dict(lr=1e-3, amsgrad=True)),
+}
+
+# ------------------------------------------------------------ ours alone
+ALTERNATING = dict(rows=4096, n=256)  # large enough that LayerNorm runs on every kernel thread
+ALT_CASES = ("alt:ln", "alt:np", "alt:mm", "alt:ln+mm", "alt:np+mm")
+
+# How many steps of a training workload the check runs before comparing losses.
+CHECK_STEPS = 3
+# Relative agreement asked of the frameworks: outputs and gradients (float32,
+# summed in different orders), and losses after CHECK_STEPS steps.
+ARRAY_RTOL = 1e-5
+LOSS_RTOL = 1e-5
+
+
+def kernel_case(key, mode):
+    return f"kernel:{key}:{mode}"
+
+
+def files_of(case):
+    """The name of the shared input file of a case (fwd and fwd+bwd of a kernel share one)."""
+    kind, _, rest = case.partition(":")
+    if kind == "kernel":
+        return "kernel-" + rest.split(":")[0]
+    if kind in ("enc", "alt"):
+        return kind
+    return case.replace(":", "-")
+
+
+class TrainStep:
+    """One training step, the same code for both frameworks (their APIs agree):
+    zero the gradients, forward and loss, backward, clip (if `clip`), update.
+
+    `zero_grad` and `update` default to the optimizer's; W3 has no optimizer
+    and passes its own zero_grad. Each phase is an attribute, so profile.py
+    can time them one by one.
+    """
+
+    def __init__(self, loss_fn, optimizer=None, zero_grad=None, clip=None, params=None):
+        self.loss_fn, self.optimizer, self.clip, self.params = loss_fn, optimizer, clip, params
+        self.zero_grad = zero_grad or optimizer.zero_grad
+        self.update = optimizer.step if optimizer is not None else (lambda: None)
+
+    def __call__(self):
+        self.zero_grad()
+        loss = self.loss_fn()
+        loss.backward()
+        if self.clip is not None:
+            self.clip(self.params, CLIP_NORM)
+        self.update()
+        return loss
+
+
+class Built:
+    """A case built in one framework: `step()` is the timed unit; `check()`
+    returns what is compared across frameworks (name -> array, or a bool
+    that must be True for names ending in "?"); `train` is the TrainStep of a
+    training workload (profile.py times its phases)."""
+
+    def __init__(self, step, check, train=None):
+        self.step, self.check, self.train = step, check, train

@@ -1,0 +1,376 @@
+"""The benchmark cases in tinygrad_attn (run inside a worker, see worker.py).
+
+`init(case, path)` draws a case's inputs and initial weights and writes them
+to `path` (.npz: "in.NAME" inputs, "w.NAME" our state_dict, "buf.NAME"
+buffers a twin needs, such as the sinusoidal table); `build(case, path)`
+builds the case from that file and returns a `cases.Built`. impl_torch.py builds
+the same cases from the same file.
+"""
+import zlib
+
+import numpy as np
+
+import tinygrad_attn as tg
+from tinygrad_attn import functional as F
+from tinygrad_attn import models, nn, optim
+
+import baselines
+import cases as C
+
+NAME = "tinygrad_attn"
+
+
+def set_threads(n):
+    # tinygrad_attn.set_num_threads (our pool and BLAS) once it exists, the kernels' pool before.
+    (getattr(tg, "set_num_threads", None) or tg.ops.kernels.set_num_threads)(n)
+
+
+def info():
+    import numba
+    get = getattr(tg, "get_num_threads", None) or tg.ops.kernels.get_num_threads
+    return {"name": NAME, "versions": f"numpy {np.__version__}, numba {numba.__version__}",
+            "blas": f"{_blas_name()} ({baselines.numpy_blas()})",
+            "threads": f"kernel threads {get()}, numba threads {numba.config.NUMBA_NUM_THREADS}"}
+
+
+def _blas_name():  # BLAS_NAME: versions before the kernel-runtime change (before/after runs)
+    k = tg.ops.kernels
+    return k.blas_name() if hasattr(k, "blas_name") else f"{k.BLAS_NAME}'s"
+
+
+# ------------------------------------------------------------ the models
+
+class EncoderLM(nn.Module):
+    """W1: Embedding + sinusoidal positions + post-norm encoder layers + Linear."""
+
+    def __init__(self):
+        super().__init__()
+        c = C.W1
+        self.embed = nn.Embedding(num_embeddings=c["vocab"], embedding_dim=c["d_model"])
+        self.pos = nn.PositionalEncoding(d_model=c["d_model"], max_len=c["seq"], dropout=0.0)
+        layer = nn.TransformerEncoderLayer(d_model=c["d_model"], nhead=c["nhead"], dim_feedforward=c["ffn"],
+                                           dropout=0.0, activation="relu", batch_first=True,
+                                           norm_first=False)
+        self.encoder = nn.TransformerEncoder(encoder_layer=layer, num_layers=c["layers"])
+        self.head = nn.Linear(in_features=c["d_model"], out_features=c["vocab"])
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.pos(self.embed(ids))))
+
+
+def tanh_gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def _gpt():
+    """W2: our GPT at nanoGPT's CPU configuration, with the tanh GELU (versions
+    without GPTConfig.gelu, measured for before/after, get it block by block)."""
+    c = C.W2
+    config = dict(vocab_size=c["vocab"], block_size=c["block"], n_layer=c["n_layer"], n_head=c["n_head"],
+                  n_embd=c["n_embd"], dropout=0.0, bias=True, tie_weights=True)
+    try:
+        return models.GPT(models.GPTConfig(**config, gelu="tanh"))
+    except TypeError:
+        model = models.GPT(models.GPTConfig(**config))
+        for block in model.transformer.layers:
+            block.activation = tanh_gelu
+        return model
+
+
+def _mha():
+    c = C.W3
+    return nn.MultiheadAttention(embed_dim=c["embed_dim"], num_heads=c["num_heads"], dropout=0.0, bias=True,
+                                 batch_first=True)
+
+
+def _copy_model(vocab_size):
+    c = C.COPY
+    return models.Seq2SeqTransformer(models.Seq2SeqConfig(
+        vocab_size=vocab_size, d_model=c["d_model"], nhead=c["nhead"], num_encoder_layers=c["layers"],
+        num_decoder_layers=c["layers"], dim_feedforward=c["ffn"], dropout=0.0))
+
+
+def _encoder_layer(p):
+    c = C.ENCODER
+    return nn.TransformerEncoderLayer(d_model=c["d_model"], nhead=c["nhead"], dim_feedforward=c["ffn"],
+                                      dropout=p, activation="relu", batch_first=True, norm_first=False)
+
+
+# ------------------------------------------------------------ init: the shared file
+
+def _rng(name):
+    return np.random.default_rng(zlib.crc32(name.encode()))
+
+
+def _weights(model):
+    return {f"w.{k}": v.numpy() for k, v in model.state_dict().items()}
+
+
+def init(case, path):
+    """Draw the inputs and weights of `case` and write them to `path`."""
+    tg.manual_seed(0)
+    name = C.files_of(case)
+    rng = _rng(name)
+    kind = case.partition(":")[0]
+    if case == "W1":
+        c = C.W1
+        model = EncoderLM()
+        arrays = {"in.ids": rng.integers(0, c["vocab"], (c["batch"], c["seq"])),
+                  "in.target": rng.integers(0, c["vocab"], (c["batch"], c["seq"])),
+                  "buf.pe": model.pos.pe.numpy(), **_weights(model)}
+    elif case == "W2":
+        c = C.W2
+        arrays = {"in.idx": rng.integers(0, c["vocab"], (c["batch"], c["block"])),
+                  "in.target": rng.integers(0, c["vocab"], (c["batch"], c["block"])), **_weights(_gpt())}
+    elif case == "W3":
+        c = C.W3
+        arrays = {"in.x": rng.standard_normal((c["batch"], c["seq"], c["embed_dim"]), np.float32),
+                  **_weights(_mha())}
+    elif case == "copy":
+        from tinygrad_attn import data
+        task = data.get_task("copy", num_symbols=C.COPY["num_symbols"], length=C.COPY["length"])
+        batch = task.train_batch(C.COPY["batch"])
+        model = _copy_model(task.vocab_size)
+        arrays = {"in.src": batch.src, "in.tgt_in": batch.tgt_in, "in.tgt_out": batch.tgt_out,
+                  "in.src_key_padding_mask": batch.src_key_padding_mask,
+                  "in.tgt_key_padding_mask": batch.tgt_key_padding_mask,
+                  "in.vocab_size": np.array(task.vocab_size), "in.ignore_index": np.array(data.PAD),
+                  "buf.pe": model.pos.pe.numpy(), **_weights(model)}
+    elif kind == "enc":
+        c = C.ENCODER
+        shape = (c["batch"], c["seq"], c["d_model"])
+        arrays = {"in.x": rng.standard_normal(shape, np.float32), "in.g": rng.standard_normal(shape, np.float32),
+                  **_weights(_encoder_layer(0.0))}
+    elif kind == "kernel":
+        _, _, inputs, _ = C.KERNELS[case.split(":")[1]]
+        arrays = {}
+        for i, (what, shape, scale) in enumerate(inputs):
+            arrays[f"in.{i}"] = (rng.integers(0, scale, shape) if what == "i"
+                                 else (rng.standard_normal(shape) * scale).astype(np.float32))
+        # The gradient backward starts from: random, not ones (softmax's gradient of ones is 0)
+        with tg.no_grad():
+            out = KERNEL_FNS[case.split(":")[1]](*[tg.Tensor(arrays[f"in.{i}"]) for i in range(len(inputs))])
+        arrays["in.grad"] = rng.standard_normal(out.shape).astype(np.float32)
+    elif kind == "optim":
+        arrays = {}
+        for i, shape in enumerate(C.OPTIM_SHAPES):
+            arrays[f"in.p{i}"] = rng.standard_normal(shape).astype(np.float32)
+            arrays[f"in.g{i}"] = rng.standard_normal(shape).astype(np.float32)
+    elif kind == "alt":
+        rows, n = C.ALTERNATING["rows"], C.ALTERNATING["n"]
+        arrays = {"in.x": rng.standard_normal((rows, n)).astype(np.float32),
+                  "in.m": rng.standard_normal((n, n)).astype(np.float32)}
+    else:
+        raise KeyError(f"unknown case {case!r}")
+    np.savez(path, **arrays)
+
+
+# ------------------------------------------------------------ build
+
+def _load(path, prefix):
+    with np.load(path) as f:
+        return {k[len(prefix):]: f[k] for k in f.files if k.startswith(prefix)}
+
+
+def _train_check(train, forward):
+    """The forward output on the initial weights, then the loss of CHECK_STEPS steps."""
+    def check():
+        with tg.no_grad():
+            out = forward().numpy()
+        losses = [float(train().item()) for _ in range(C.CHECK_STEPS)]
+        return {"out": out, "losses": np.array(losses)}
+    return check
+
+
+def build(case, path):
+    inputs = _load(path, "in.")
+    weights = _load(path, "w.")
+    kind, _, rest = case.partition(":")
+    if case in C.WORKLOADS:
+        return _WORKLOAD_BUILDERS[case](inputs, weights)
+    if kind == "enc":
+        return _encoder(float(rest), inputs, weights)
+    if kind == "kernel":
+        key, mode = rest.split(":")
+        return _kernel(key, mode, inputs)
+    if kind == "optim":
+        return _optimizer(rest, inputs)
+    if kind == "alt":
+        return _alternating(rest, inputs)
+    raise KeyError(f"unknown case {case!r}")
+
+
+def _w1(inputs, weights):
+    model = EncoderLM()
+    model.load_state_dict(weights)
+    ids, target = inputs["ids"], inputs["target"].reshape(-1)
+    forward = lambda: model(ids)
+
+    def loss_fn():
+        logits = forward()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+    train = C.TrainStep(loss_fn, optim.Adam(model.parameters(), lr=C.W1["lr"]))
+    return C.Built(train, _train_check(train, forward), train)
+
+
+def _w2(inputs, weights):
+    model = _gpt()
+    model.load_state_dict(weights)
+    idx, target = inputs["idx"], inputs["target"].reshape(-1)
+    forward = lambda: model(idx)
+
+    def loss_fn():
+        logits = forward()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+    params = list(model.parameters())
+    opt = optim.AdamW(params, lr=C.W2["lr"], weight_decay=C.W2["weight_decay"])
+    train = C.TrainStep(loss_fn, opt, clip=optim.clip_grad_norm_, params=params)
+    return C.Built(train, _train_check(train, forward), train)
+
+
+def _w3(inputs, weights):
+    mha = _mha()
+    mha.load_state_dict(weights)
+    x = tg.Tensor(inputs["x"], requires_grad=True)
+
+    def zero_grad():
+        x.grad = None
+        mha.zero_grad()
+
+    def loss_fn():
+        out, _ = mha(x, x, x, need_weights=False)
+        return out.sum()
+    train = C.TrainStep(loss_fn, zero_grad=zero_grad)
+
+    def check():
+        with tg.no_grad():
+            out = mha(x, x, x, need_weights=False)[0].numpy()
+        train()
+        return {"out": out, "grad.x": x.grad.numpy(), "grad.in_proj_weight": mha.in_proj_weight.grad.numpy(),
+                "grad.in_proj_bias": mha.in_proj_bias.grad.numpy(),
+                "grad.out_proj.weight": mha.out_proj.weight.grad.numpy()}
+    return C.Built(train, check, train)
+
+
+def _copy(inputs, weights):
+    model = _copy_model(int(inputs["vocab_size"]))
+    model.load_state_dict(weights)
+    target = inputs["tgt_out"].reshape(-1)
+    ignore = int(inputs["ignore_index"])
+    forward = lambda: model(inputs["src"], inputs["tgt_in"], inputs["src_key_padding_mask"],
+                            inputs["tgt_key_padding_mask"])
+
+    def loss_fn():
+        logits = forward()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=ignore)
+    params = list(model.parameters())
+    opt = optim.AdamW(params, lr=C.COPY["lr"], weight_decay=C.COPY["weight_decay"])
+    train = C.TrainStep(loss_fn, opt, clip=optim.clip_grad_norm_, params=params)
+    return C.Built(train, _train_check(train, forward), train)
+
+
+_WORKLOAD_BUILDERS = {"W1": _w1, "W2": _w2, "W3": _w3, "copy": _copy}
+
+
+def _encoder(p, inputs, weights):
+    layer = _encoder_layer(p)
+    layer.load_state_dict(weights)
+    x = tg.Tensor(inputs["x"], requires_grad=True)
+    g = inputs["g"]
+
+    def step():
+        x.grad = None
+        layer.zero_grad()
+        layer(x).backward(g)
+
+    def check():
+        if p:  # different random masks in each framework: nothing to compare
+            return {}
+        with tg.no_grad():
+            return {"out": layer(x).numpy()}
+    return C.Built(step, check)
+
+
+# ------------------------------------------------------------ kernels
+
+KERNEL_FNS = {
+    "bmm_issue": lambda a, b: a @ b,
+    "softmax_issue": lambda x: F.softmax(x, dim=-1),
+    "linear": F.linear,
+    "qk": lambda q, k: q @ k.swapaxes(-1, -2),
+    "softmax": lambda x: F.softmax(x, dim=-1),
+    "attention": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    "attention_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+    "cross_entropy": lambda x, target: F.cross_entropy(x, target.numpy()),
+    "dropout": lambda x: F.dropout(x, C.DROPOUT_P),
+}
+
+
+def _kernel(key, mode, inputs):
+    fn = KERNEL_FNS[key]
+    _, _, _, differentiable = C.KERNELS[key]
+    ts = [tg.Tensor(inputs[str(i)], requires_grad=d) for i, d in enumerate(differentiable)]
+    grad = inputs["grad"]
+
+    def fwd():
+        with tg.no_grad():
+            return fn(*ts)
+
+    def fwd_bwd():
+        for t in ts:
+            t.grad = None
+        fn(*ts).backward(grad)
+
+    def check():
+        out = fwd().numpy()
+        if key == "dropout":
+            return {"dropout?": baselines.dropout_ok(ts[0].numpy(), out, C.DROPOUT_P)}
+        result = {"out": out}
+        if mode == "fwdbwd":
+            fwd_bwd()
+            result.update({f"grad{i}": t.grad.numpy() for i, t in enumerate(ts) if t.requires_grad})
+        return result
+    return C.Built(fwd if mode == "fwd" else fwd_bwd, check)
+
+
+# ------------------------------------------------------------ optimizers
+
+def _optimizer(key, inputs):
+    _, cls, kwargs = C.OPTIMIZERS[key]
+    n = len(C.OPTIM_SHAPES)
+    params = [tg.Tensor(inputs[f"p{i}"].copy(), requires_grad=True) for i in range(n)]
+    for i, p in enumerate(params):
+        p.grad = tg.Tensor(inputs[f"g{i}"])
+    opt = getattr(optim, cls)(params, **kwargs)
+
+    def check():
+        # The parameters after the steps. (Their float32 changes, p - p0, would carry the
+        # rounding of p, ~1e-5 of the change; a wrong update moves p by ~1e-3 of its size.)
+        for _ in range(C.CHECK_STEPS):
+            opt.step()
+        return {f"p{i}": p.numpy().copy() for i, p in enumerate(params)}
+    return C.Built(opt.step, check)
+
+
+# ------------------------------------------------------------ alternating (ours only)
+
+def _alternating(key, inputs):
+    """A LayerNorm kernel (or a numpy elementwise op, the control) and a BLAS
+    matmul, alone and in turn: idle kernel threads must not take the cores BLAS needs."""
+    x_arr, m = inputs["x"], inputs["m"]
+    n = x_arr.shape[1]
+    x = tg.Tensor(x_arr)
+    w, b = tg.Tensor(np.ones(n, np.float32)), tg.Tensor(np.zeros(n, np.float32))
+    ops = {"ln": lambda: F.layer_norm(x, (n,), w, b), "np": lambda: x_arr * 2 + 1, "mm": lambda: x_arr @ m}
+    parts = [ops[k] for k in key.split("+")]
+
+    def step():
+        for part in parts:
+            part()
+    return C.Built(step, dict)
+
+
+def profile(built, steps):
+    import instrument
+    return instrument.profile(built.train, steps)
