@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from . import functional as F
-from . import nn
+from . import generation, nn
 from .autograd import no_grad
 from .data.vocab import BOS, EOS, PAD
 from .random import get_generator
@@ -153,7 +153,7 @@ class Seq2SeqTransformer(nn.Module):
         return self.decode(tgt_in, memory, memory_key_padding_mask=src_key_padding_mask,
                            tgt_key_padding_mask=tgt_key_padding_mask)
 
-    def greedy_decode(self, src, max_len=None):
+    def greedy_decode(self, src, max_len=None, use_cache=True):
         """Decode a batch greedily: start from BOS, append the most likely
         token, stop a sequence at EOS (PAD after it) and the batch when every
         sequence has ended or after `max_len` tokens (default: the source
@@ -161,6 +161,12 @@ class Seq2SeqTransformer(nn.Module):
 
         src: ids (B, S) or one sequence (S,). Returns int64 ids aligned with
         a task's `tgt_out` (no leading BOS): (B, <= max_len), or (<= max_len,).
+
+        use_cache=True (our keyword; the default) keeps each decoder layer's
+        self-attention keys and values and computes the cross-attention keys
+        and values of the encoder output once, so a step feeds only the new
+        token (`tinygrad_attn.generation`); use_cache=False reruns the
+        decoder on the whole prefix at every step. Both give the same tokens.
         """
         src = _as_ids(src, "Seq2SeqTransformer.greedy_decode")
         single = src.ndim == 1
@@ -181,10 +187,17 @@ class Seq2SeqTransformer(nn.Module):
                 memory = self.encode(src, padding)
                 ys = np.full((len(src), 1), BOS, dtype=np.int64)
                 done = np.zeros(len(src), dtype=bool)
+                if use_cache:
+                    decoder = self.transformer.decoder
+                    caches = generation.caches_for(decoder.layers, len(src), max_len, memory.dtype)
+                    memory_kvs = [generation.memory_keys_values(layer.multihead_attn, memory)
+                                  for layer in decoder.layers]
                 for _ in range(max_len):
-                    # No cache: the decoder reruns on the whole prefix (short sequences here).
-                    logits = self.decode(ys, memory, memory_key_padding_mask=padding)
-                    nxt = np.where(done, PAD, logits.data[:, -1].argmax(axis=-1))
+                    if use_cache:  # only the newest token goes in
+                        last = generation.seq2seq_step(self, ys[:, -1:], caches, memory_kvs, padding)
+                    else:  # the decoder reruns on the whole prefix
+                        last = self.decode(ys, memory, memory_key_padding_mask=padding).data[:, -1]
+                    nxt = np.where(done, PAD, last.argmax(axis=-1))
                     ys = np.concatenate([ys, nxt[:, None]], axis=1)
                     done |= nxt == EOS
                     if done.all():
@@ -304,15 +317,30 @@ class GPT(nn.Module):
         x = self.transformer(self.pos_emb(self.tok_emb(idx)), mask=causal, is_causal=True)
         return self.lm_head(x)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
         """Continue each row of `idx` (B, T) or (T,) by `max_new_tokens` ids.
 
         Each new id is drawn from softmax(logits / temperature) of the last
         position, keeping only the `top_k` most likely ids when given;
-        temperature=0 picks the most likely id (greedy). The context is
-        cropped to the last block_size ids. Draws from `generator` (a numpy
-        Generator), by default the framework's (`tg.manual_seed`).
-        Returns the ids with the continuation appended (int64 array).
+        temperature=0 picks the most likely id (greedy). Draws from
+        `generator` (a numpy Generator), by default the framework's
+        (`tg.manual_seed`). Returns the ids with the continuation appended
+        (int64 array).
+
+        The context window: the model sees the ids from a window start on,
+        at positions 0, 1, ...; it begins as the last block_size ids of the
+        prompt, and when it would grow past block_size ids it restarts from
+        its last `context_keep()` ids (block_size // 2). nanoGPT instead
+        crops to the last block_size ids at every step; with learned
+        absolute positions that moves every id to a new position at every
+        step once the window is full, so no cached key or value would stay
+        valid. With this rule a window grows one position per step, and
+        `use_cache=True` (our keyword; the default) runs it incrementally:
+        a restarted window is encoded in one batched pass that fills a
+        key/value cache per layer, then each step feeds only the new id
+        (`tinygrad_attn.generation`). `use_cache=False` runs the whole
+        window through `forward` at every step under the same rule: the same
+        ids from the same draws (the logits agree to float rounding), slower.
         """
         idx = _as_ids(idx, "GPT.generate")
         single = idx.ndim == 1
@@ -320,21 +348,40 @@ class GPT(nn.Module):
             idx = idx[None]
         if idx.ndim != 2 or idx.shape[1] == 0:
             raise ShapeError(f"GPT.generate: expected a non-empty prompt (B, T) or (T,), got {idx.shape}")
+        _check_ids(idx, self.config.vocab_size, "GPT.generate")
         if not temperature >= 0:
             raise ValueError(f"GPT.generate: temperature must be >= 0, got {temperature}")
         if top_k is not None and not 1 <= top_k:
             raise ValueError(f"GPT.generate: top_k must be a positive integer, got {top_k}")
         rng = get_generator() if generator is None else generator
+        block, keep = self.config.block_size, self.context_keep()
         was_training = self.training
         self.eval()
         try:
             with no_grad():
+                start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
+                caches = None  # key/value caches of the window, made when it (re)starts
                 for _ in range(max_new_tokens):
-                    logits = self(idx[:, -self.config.block_size:]).data[:, -1].astype(np.float64)
-                    idx = np.concatenate([idx, _sample(logits, temperature, top_k, rng)[:, None]], axis=1)
+                    if idx.shape[1] - start > block:  # full: restart from its last `keep` ids
+                        start, caches = idx.shape[1] - keep, None
+                    if not use_cache:
+                        logits = self(idx[:, start:]).data[:, -1]
+                    elif caches is None:  # a new window: encode it in one pass, filling the caches
+                        caches = generation.caches_for(self.transformer.layers, len(idx), block,
+                                                       self.tok_emb.weight.dtype)
+                        logits = generation.gpt_step(self, idx[:, start:], caches)
+                    else:  # one new position
+                        logits = generation.gpt_step(self, idx[:, -1:], caches)
+                    nxt = _sample(logits.astype(np.float64), temperature, top_k, rng)
+                    idx = np.concatenate([idx, nxt[:, None]], axis=1)
         finally:
             self.train(was_training)
         return idx[0] if single else idx
+
+    def context_keep(self):
+        """How many ids a full context window keeps when it restarts (see
+        `generate`): block_size // 2, at least 1."""
+        return max(1, self.config.block_size // 2)
 
     def attention_layers(self):
         """(name, MultiHeadAttention) for each block's causal self-attention."""
