@@ -25,10 +25,15 @@ class WorkerError(RuntimeError):
     """A worker failed a request (the message has its traceback) or died."""
 
 
-def worker_env():
-    """The environment of a worker: this checkout first on the path."""
+# --before DIR (run.py): a second tinygrad_attn worker, "before", runs another
+# checkout of the package (an earlier commit) on the same cases.
+BEFORE_ROOT = None
+
+
+def worker_env(root=ROOT):
+    """The environment of a worker: the checkout `root` first on the path."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     return env
 
 
@@ -38,11 +43,12 @@ class Worker:
 
     def __init__(self, framework, directory, threads=None):
         self.framework, self.info, self.error = framework, None, None
-        command = [sys.executable, os.path.join(HERE, "worker.py"), framework, directory]
+        before = framework == "before"  # our implementation, from the other checkout
+        command = [sys.executable, os.path.join(HERE, "worker.py"), "ours" if before else framework, directory]
         if threads:
             command += ["--threads", str(threads)]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=worker_env())
+                                     env=worker_env(BEFORE_ROOT if before else ROOT))
 
     def wait_ready(self):
         hello = self._read()
@@ -148,7 +154,9 @@ def describe(worker):
     if not worker.available:
         return f"  {worker.framework}: not available ({worker.error})"
     i = worker.info
-    return f"  {i['name']} worker (pid {worker.proc.pid}): {i['versions']}; BLAS {i['blas']}; {i['threads']}"
+    memory = f"; memory {i['memory']}" if "memory" in i else ""
+    name = f"{i['name']} (before: {BEFORE_ROOT})" if worker.framework == "before" else i["name"]
+    return f"  {name} worker (pid {worker.proc.pid}): {i['versions']}; BLAS {i['blas']}; {i['threads']}{memory}"
 
 
 # ------------------------------------------------------------ checking

@@ -6,6 +6,7 @@ buffers a twin needs, such as the sinusoidal table); `build(case, path)`
 builds the case from that file and returns a `cases.Built`. impl_torch.py builds
 the same cases from the same file.
 """
+import os
 import zlib
 
 import numpy as np
@@ -19,6 +20,12 @@ import cases as C
 
 NAME = "tinygrad_attn"
 
+# Our worker runs as a training program does: `train` and the other commands
+# keep freed memory for reuse (tinygrad_attn/memory.py), and so should a
+# training script. TINYGRAD_ATTN_BENCH_MEMORY=default measures without it.
+KEEP_MEMORY = os.environ.get("TINYGRAD_ATTN_BENCH_MEMORY", "keep") == "keep" and \
+    bool(getattr(tg, "keep_freed_memory", lambda: False)())
+
 
 def set_threads(n):
     # tinygrad_attn.set_num_threads (our pool and BLAS) once it exists, the kernels' pool before.
@@ -30,7 +37,8 @@ def info():
     get = getattr(tg, "get_num_threads", None) or tg.ops.kernels.get_num_threads
     return {"name": NAME, "versions": f"numpy {np.__version__}, numba {numba.__version__}",
             "blas": f"{_blas_name()} ({baselines.numpy_blas()})",
-            "threads": f"kernel threads {get()}, numba threads {numba.config.NUMBA_NUM_THREADS}"}
+            "threads": f"kernel threads {get()}, numba threads {numba.config.NUMBA_NUM_THREADS}",
+            "memory": "keep_freed_memory()" if KEEP_MEMORY else "malloc's defaults"}
 
 
 def _blas_name():  # BLAS_NAME: versions before the kernel-runtime change (before/after runs)

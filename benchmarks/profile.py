@@ -24,7 +24,8 @@ import sys
 import cases as C
 import harness as H
 
-WORKLOADS = ("W1", "W2")
+WORKLOADS = ("W1", "W2", "copy")
+DEFAULT = ("W1", "W2")
 
 
 def print_ours(p):
@@ -78,7 +79,7 @@ def main(argv=None):
     session = H.Session(args.threads)
     try:
         workers = session.workers("ours", "torch")
-        for case in args.only or WORKLOADS:
+        for case in args.only or DEFAULT:
             session.prepare(case, workers)
             print(f"\n{C.WORKLOADS[case]}   [load average {os.getloadavg()[0]:.2f}]")
             for w in workers:

@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="one round of two steps, a warm start-up run only: checks that everything runs")
     p.add_argument("--skip-startup", action="store_true", help="leave out the start-up table")
+    p.add_argument("--before", metavar="DIR",
+                   help="also time another checkout of tinygrad_attn (e.g. a worktree of an earlier commit) in "
+                        "the steps, encoder and busy tables, interleaved with this one")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.repeat, args.warmup = 1, 2, 0
@@ -156,29 +159,33 @@ def alternating_table(run):
         print(f"{name:26s} {t_op:7.3f} {t_mm:7.3f} {t_op + t_mm:7.3f} {t_both:12.3f} {t_both / (t_op + t_mm):6.2f}")
 
 
-def comparison_table(run, heading, rows, first_column):
-    """Rows of (label, case) timed in our worker and PyTorch's."""
-    workers = run.session.workers("ours", "torch")
+def comparison_table(run, heading, rows, first_column, before=False):
+    """Rows of (label, case) timed in our worker and PyTorch's (and the
+    --before checkout's, when given and `before`)."""
+    frameworks = ("ours", "torch") + (("before",) if before and run.args.before else ())
+    workers = run.session.workers(*frameworks)
     title(heading)
     width = max(len(label) for label, _ in rows + [(first_column, None)])
-    print(f"{first_column:{width}s} {'ours ms':>14s} {'torch ms':>14s} {'pt/ours':>7s}  agree")
+    extra = f" {'before ms':>14s} {'bf/ours':>7s}" if "before" in frameworks else ""
+    print(f"{first_column:{width}s} {'ours ms':>14s} {'torch ms':>14s} {'pt/ours':>7s}{extra}  agree")
     for label, case in rows:
         agree, ok = run.checked(case, workers)
         t = run.time(case, workers) if ok else {}
-        ours, torch = t.get("ours"), t.get("torch")
-        print(f"{label:{width}s} {ms(ours)} {ms(torch)} {ratio(torch, ours)}  {agree}")
+        ours, torch, earlier = t.get("ours"), t.get("torch"), t.get("before")
+        extra = f" {ms(earlier)} {ratio(earlier, ours)}" if "before" in frameworks else ""
+        print(f"{label:{width}s} {ms(ours)} {ms(torch)} {ratio(torch, ours)}{extra}  {agree}")
 
 
 def encoder_table(run):
     e = C.ENCODER
     comparison_table(run, f"One post-norm encoder layer, forward+backward (B={e['batch']}, T={e['seq']}, "
                           f"d={e['d_model']}, {e['nhead']} heads, ffn {e['ffn']})",
-                     [(f"dropout {case.split(':')[1]}", case) for case in C.ENCODER_CASES], "layer")
+                     [(f"dropout {case.split(':')[1]}", case) for case in C.ENCODER_CASES], "layer", before=True)
 
 
 def steps_table(run):
     comparison_table(run, "Training steps (zero_grad, forward, loss, backward, [clip 1.0], update), float32",
-                     [(label, case) for case, label in C.WORKLOADS.items()], "workload")
+                     [(label, case) for case, label in C.WORKLOADS.items()], "workload", before=True)
 
 
 def optim_table(run):
@@ -192,7 +199,7 @@ BUSY_CASES = ("W1", "W2", "W3")
 def busy_table(run):
     """Each round: the frameworks in turn on a quiet machine, then again with
     one other CPU-bound process running (the hog is stopped between rounds)."""
-    workers = run.session.workers("ours", "torch")
+    workers = run.session.workers("ours", "torch", *(("before",) if run.args.before else ()))
     title("One core busy: median ms with one other CPU-bound process running, against quiet rounds")
     names = [w.framework for w in workers]
     width = max(len(C.WORKLOADS[case]) for case in BUSY_CASES)
@@ -298,6 +305,7 @@ def _terminate(signum, frame):
 
 def main(argv=None):
     args = parse_args(argv)
+    H.BEFORE_ROOT = os.path.abspath(args.before) if args.before else None
     signal.signal(signal.SIGTERM, _terminate)
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "

@@ -447,7 +447,6 @@ def test_warmup_compiles_the_kernels_of_a_step_with_a_progress_line(capsys):
 
 def test_threads_option_sets_the_threads_of_kernels_and_blas(tmp_path, capsys):
     from tinygrad_attn.ops.kernels.threads import _blas
-    before = [c.get_num_threads() for c in _blas.controllers()]
     try:
         status, _, err = run(["train", "--task", "copy", "--vocab", "5", "--seq-len", "3", "--steps", "2",
                               "--eval-every", "2", "--out", str(tmp_path / "run"), "--no-plots", "--threads", "1"]
@@ -456,8 +455,6 @@ def test_threads_option_sets_the_threads_of_kernels_and_blas(tmp_path, capsys):
         assert tg.get_num_threads() == 1 and all(c.get_num_threads() == 1 for c in _blas.controllers())
     finally:
         tg.set_num_threads(None)
-        for c, n in zip(_blas.controllers(), before):
-            c.set_num_threads(n)
     assert_user_error(run(["train", "--threads", "0"], capsys), "--threads")
 
 

@@ -369,7 +369,6 @@ def test_dropout_mask_is_the_documented_hash():
 
 def _every_kernel(threads_count):
     """Outputs and gradients of each fused op on fixed inputs, with `threads_count` threads."""
-    before = threads.get_num_threads()
     kernels.set_num_threads(threads_count)
     try:
         local = np.random.default_rng(5)
@@ -394,7 +393,7 @@ def _every_kernel(threads_count):
             results.append([out.data.copy()] + [t.grad.data.copy() for t in ts if t.grad is not None])
         return results
     finally:
-        kernels.set_num_threads(before)
+        kernels.set_num_threads(None)
 
 
 def test_results_are_bit_identical_run_to_run_and_across_thread_counts():
@@ -428,13 +427,18 @@ def test_float32_kernels_compute_in_float32():
     from numba import types
 
     from tinygrad_attn.ops.kernels import cross_entropy
-    _every_kernel(threads.get_num_threads())  # gives each kernel its float32 signature
+    from tinygrad_attn import warmup
+    _every_kernel(threads.get_num_threads())  # compiles kernels first: Numba's typing is then set up
     f32 = types.float32
     helpers = {fastmath._exp32: (f32,), cross_entropy.row_sums: (types.Array(f32, 1, "C"),)}
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
-    for kernel in kernels.KERNELS:
-        sig = next(s for s in kernel.signatures if any(getattr(t, "dtype", None) == types.float32 for t in s))
-        checked.append((kernel.py_func, sig))
+    calls = warmup.kernel_signatures((np.float32,))  # each kernel's float32 argument types, nothing compiled
+    assert {kernel for kernel, _ in calls} == set(kernels.KERNELS)
+    from tinygrad_attn.ops.kernels import norms
+    # The norm sums squares in float64 on purpose (clip_grad_norm_'s accuracy); its float32 input stays float32.
+    checked += [(kernel.py_func, sig) for kernel, sig in calls if kernel is not norms._sum_of_squares]
+    assert _float64_variables(norms._sum_of_squares.py_func, next(sig for k, sig in calls if k is norms._sum_of_squares)) \
+        == ["arg.partial", "partial", "s", "v"]
     for func, sig in checked:
         assert _float64_variables(func, sig) == [], func.__name__
 

@@ -566,3 +566,22 @@ def test_clip_grad_value_equals_torch_and_by_hand():
     torch.nn.utils.clip_grad_value_(theirs, 1.0)
     for o, t in zip(ours[:2], theirs[:2]):
         np.testing.assert_array_equal(o.grad.data, t.grad.numpy())
+
+
+def test_the_squared_norm_kernel_sums_in_float64_whatever_the_threads():
+    from tinygrad_attn.ops.kernels.norms import sum_of_squares
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 1000, 3 * 65536 + 17):
+        x = (rng.standard_normal(n) * 1e3).astype(np.float32)
+        expected = float(np.sum(x.astype(np.float64) ** 2))
+        results = []
+        for threads in (1, 2, 3):
+            tg.set_num_threads(threads)
+            try:
+                results.append(sum_of_squares(x))
+            finally:
+                tg.set_num_threads(None)
+        assert results[0] == results[1] == results[2]  # bit-identical
+        assert results[0] == pytest.approx(expected, rel=1e-13)
+    big = np.full(10, 1e30, np.float32)  # float32 squares would overflow
+    assert sum_of_squares(big) == pytest.approx(10 * (1e30 ** 2), rel=1e-6)

@@ -52,18 +52,26 @@ def test_import_starts_no_process_and_changes_no_global_state(tmp_path):
     assert not hasattr(tg, "_memory")
 
 
-def test_blas_threads_are_ours_during_a_kernel_and_restored_after():
+def test_blas_runs_single_threaded_inside_our_jobs_and_nothing_else_changes():
+    """Inside a job of a BLAS-calling kernel, BLAS runs on one thread on each
+    of our threads (set for that thread alone where the library allows it);
+    afterwards the calling thread and the process are as before."""
     from tinygrad_attn.ops.kernels.threads import _blas
-    controllers = _blas.controllers()
-    assert controllers, "threadpoolctl finds numpy's BLAS here"
-    before = [c.get_num_threads() for c in controllers]
+    controllers, local = _blas.controllers(), _blas.local_setters()
+    assert controllers and local, "numpy's OpenBLAS here has openblas_set_num_threads_local"
+    before_global = [c.get_num_threads() for c in controllers]
+    before_local = [fn(0) for fn in local]  # read (set returns the previous value), then put back
+    for fn, n in zip(local, before_local):
+        fn(n)
     seen = []
 
     def kernel(start, stop):
-        seen.append([c.get_num_threads() for c in controllers])
-    threads.parallel_for(kernel, 8, item_size=threads.GRAIN)
-    assert all(counts == [1] * len(controllers) for counts in seen)
-    assert [c.get_num_threads() for c in controllers] == before
+        values = [fn(1) for fn in local]  # what this thread had
+        seen.append(values)
+    threads.parallel_for(kernel, 8, item_size=threads.GRAIN, blas=True)
+    assert len(seen) == 8 and all(values == [1] * len(local) for values in seen)
+    assert [c.get_num_threads() for c in controllers] == before_global
+    assert [fn(before) for fn, before in zip(local, before_local)] == before_local
 
 
 def test_set_num_threads_covers_our_pool_and_blas():
@@ -75,11 +83,12 @@ def test_set_num_threads_covers_our_pool_and_blas():
         calls = []
         threads.parallel_for(lambda start, stop: calls.append((start, stop)), 100, item_size=threads.GRAIN)
         assert calls == [(0, 100)]  # one thread: one range
+        tg.set_num_threads(3)
+        assert tg.get_num_threads() == 3 and all(c.get_num_threads() == 3 for c in _blas.controllers())
     finally:
         tg.set_num_threads(None)
-        for c, n in zip(_blas.controllers(), before):
-            c.set_num_threads(n)
     assert tg.get_num_threads() == threads._usable_cores()
+    assert [c.get_num_threads() for c in _blas.controllers()] == before  # None: BLAS as it was
     for bad in (0, -1, 1.5, True, "2"):
         try:
             tg.set_num_threads(bad)

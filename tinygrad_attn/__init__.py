@@ -12,6 +12,7 @@ from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad
 from .checkpoint import CheckpointError, load, save
 from .ops.kernels.threads import get_num_threads, set_num_threads
 from .gradcheck import GradcheckError, gradcheck
+from .memory import keep_freed_memory
 from .random import get_generator, manual_seed
 from .shapes import ShapeError
 from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, full, int64,
@@ -28,5 +29,5 @@ __all__ = [
     "save", "load", "CheckpointError",
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
-    "float32", "float64", "int64", "bool_", "set_num_threads", "get_num_threads",
+    "float32", "float64", "int64", "bool_", "set_num_threads", "get_num_threads", "keep_freed_memory",
 ]

@@ -486,6 +486,9 @@ def main(argv=None, prog="tinygrad-attn"):
     if unknown:  # reported by the command's own parser, so the hint points at its --help
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     name = f"{prog} {args.command}"
+    if args.command in ("train", "resume", "sample", "decode"):
+        from .memory import keep_freed_memory
+        keep_freed_memory()  # a program's choice (memory.py says why)
     if getattr(args, "threads", None):
         from .ops.kernels.threads import set_num_threads
         set_num_threads(args.threads)

@@ -78,11 +78,12 @@ def training_steps(dtype=np.float32):
 
 
 def optimizer_step(dtype=np.float32):
-    """One fused AdamW step on a throwaway parameter: the optimizer's kernel."""
+    """Gradient clipping and a fused AdamW step on a throwaway parameter: their kernels."""
     import tinygrad_attn as tg
     from tinygrad_attn import optim
     p = tg.Tensor(np.zeros(3, dtype), requires_grad=True)
     p.grad = tg.Tensor(np.ones(3, dtype))
+    optim.clip_grad_norm_([p], 1.0)
     optim.AdamW([p]).step()
 
 

@@ -8,6 +8,8 @@ import numbers
 
 import numpy as np
 
+from ..ops.kernels.norms import sum_of_squares
+
 from ..tensor import Tensor
 
 
@@ -47,9 +49,8 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     if norm_type == math.inf:
         norms = [float(np.max(np.abs(g))) if g.size else 0.0 for g in grads]
         total = max(norms)
-    elif norm_type == 2.0:  # the usual case: sums of squares as float64 dot products (BLAS)
-        flat = (g.astype(np.float64, copy=False).reshape(-1) for g in grads)
-        total = math.sqrt(sum(float(np.dot(v, v)) for v in flat))
+    elif norm_type == 2.0:  # the usual case: one kernel pass per gradient, summing in float64
+        total = math.sqrt(sum(sum_of_squares(np.ascontiguousarray(g).reshape(-1)) for g in grads))
     else:
         norms = [float(np.sum(np.abs(g, dtype=np.float64) ** norm_type)) for g in grads]
         total = sum(norms) ** (1.0 / norm_type)

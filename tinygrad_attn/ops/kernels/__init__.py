@@ -12,6 +12,7 @@ The math:
     matmul         batched_matmul (stacks and single products, optional bias)
     softmax        softmax_forward, softmax_backward (and log-softmax)
     layernorm      layer_norm_forward, layer_norm_backward
+    norms          sum_of_squares (float64 sums: clip_grad_norm_)
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
@@ -35,7 +36,7 @@ from . import numba_cache
 
 numba_cache.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
-from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, softmax  # noqa: E402
+from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, norms, softmax  # noqa: E402
 from .activations import gelu_backward, gelu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import library_name as blas_name  # noqa: E402
@@ -50,4 +51,5 @@ from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E40
 KERNELS = (activations._gelu_forward, activations._gelu_backward, adam._adam_update, attention._attention_forward,
            attention._attention_backward, cross_entropy._cross_entropy_forward,
            cross_entropy._cross_entropy_backward, dropout._dropout_apply, layernorm._layer_norm_forward,
-           layernorm._layer_norm_backward, matmul._matmul, softmax._softmax_forward, softmax._softmax_backward)
+           layernorm._layer_norm_backward, matmul._matmul, norms._sum_of_squares, softmax._softmax_forward,
+           softmax._softmax_backward)

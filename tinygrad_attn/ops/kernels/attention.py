@@ -144,7 +144,7 @@ def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mas
     n, L, S = weights.shape
     parallel_for(_attention_forward, n, library(), q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask,
                  im, use_mask, causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
-                 item_size=_item_size(L, S, E, Ev, 1))
+                 item_size=_item_size(L, S, E, Ev, 1), blas=True)
 
 
 def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights, grad, g_off, g_ld,
@@ -154,4 +154,4 @@ def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, we
     n, L, S = weights.shape
     parallel_for(_attention_backward, n, library(), q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev,
                  weights, grad, g_off, g_ld, scale, key, threshold, keep_scale, dq, dq_off, dq_ld, dk, dk_off,
-                 dk_ld, dv, dv_off, dv_ld, dscores, want_dscores, item_size=_item_size(L, S, E, Ev, 2))
+                 dk_ld, dv, dv_off, dv_ld, dscores, want_dscores, item_size=_item_size(L, S, E, Ev, 2), blas=True)

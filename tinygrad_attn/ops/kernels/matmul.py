@@ -64,4 +64,4 @@ def batched_matmul(a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out,
     blocks = -(-m // rows)
     bias = np.zeros(0, out.dtype) if bias is None else bias
     parallel_for(_matmul, len(a_off) * blocks, library(), a, a_off, lda, trans_a, b, b_off, ldb, trans_b,
-                 m, n, k, rows, bias, out, item_size=rows * n * k // MACS_PER_ELEMENT)
+                 m, n, k, rows, bias, out, item_size=rows * n * k // MACS_PER_ELEMENT, blas=True)

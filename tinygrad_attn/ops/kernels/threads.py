@@ -15,14 +15,16 @@ and a few workers take them in turn. The rule, the same for every kernel:
 - idle workers sleep on a queue; nothing spins, so nothing competes with
   the computing threads or other programs for a core.
 
-BLAS is part of the policy. Inside a parallel job every BLAS call runs
-single-threaded (the job owns the threads); a job with a single range calls
-BLAS with one thread too, and the kernels that multiply split large
-products into ranges themselves. BLAS's own thread pool would split a
-product statically and wait at a barrier for its slowest thread: on a
-machine whose other core is busy, each product then waits for a scheduler
-tick. The library numpy uses is set back to its own thread count after each
-job, so numpy code outside tinygrad_attn keeps its behaviour.
+BLAS is part of the policy. The kernels that multiply (matmul, attention)
+call BLAS on one thread from each of our threads, and cut large products
+into blocks themselves: BLAS's own pool would split a product statically
+and wait at a barrier for its slowest thread (on a machine whose other core
+is busy, a scheduler tick per product), and its idle threads spin for a
+while after each call, taking the cores our kernels need next. Where the
+library can set its thread count for one thread (OpenBLAS >= 0.3.27, MKL),
+only our threads are set so, and numpy code elsewhere in the process keeps
+BLAS's own threads; otherwise the process-wide count is lowered during each
+job. `set_num_threads(n)` sets both our pool and BLAS's.
 
 Each item is computed by one thread in a fixed order, so results are
 bit-identical whatever the number of threads.
@@ -57,29 +59,38 @@ def get_num_threads():
 
 def set_num_threads(n):
     """Compute with n threads: our kernels' pool and BLAS (numpy's library,
-    through threadpoolctl) both use n. n=None goes back to the default, the
-    cores this process may use (BLAS keeps its current setting then)."""
+    through threadpoolctl) both use n. n=None goes back to the defaults: the
+    cores this process may use for our pool, and for BLAS the count it had
+    before the first set_num_threads call."""
     global _num_threads
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"set_num_threads: need a positive integer (or None), got {n!r}")
     _num_threads = n
-    if n is not None:
-        for controller in _blas.controllers():
-            controller.set_num_threads(n)
-            _blas.saved[id(controller)] = n
+    for controller in _blas.controllers():
+        original = _blas.original.setdefault(id(controller), controller.get_num_threads())
+        controller.set_num_threads(original if n is None else n)
 
 
 class _BlasThreads:
-    """Runs BLAS single-threaded while our jobs run (module docstring).
+    """Runs BLAS single-threaded on our threads while our jobs run (module docstring).
 
-    Jobs may overlap (kernels called from several Python threads): BLAS is
-    set to one thread when the first starts and restored when the last ends."""
+    Where the library can set its thread count for one calling thread
+    (OpenBLAS >= 0.3.27: openblas_set_num_threads_local; MKL:
+    mkl_set_num_threads_local), a job sets it on the calling thread and puts
+    it back after, and each worker sets it once: no other thread of the
+    process is affected. Otherwise the process-wide count is lowered for the
+    duration of the job (jobs may overlap when kernels are called from several
+    Python threads: set when the first starts, restored when the last ends)."""
+
+    LOCAL_SETTERS = ("openblas_set_num_threads_local", "mkl_set_num_threads_local")
 
     def __init__(self):
         self.lock = threading.Lock()
         self.active = 0
         self.saved = {}
+        self.original = {}  # each library's thread count before set_num_threads first changed it
         self._controllers = None
+        self._local = None
 
     def controllers(self):
         """threadpoolctl's controllers of the BLAS libraries loaded (none without threadpoolctl)."""
@@ -91,8 +102,38 @@ class _BlasThreads:
                 self._controllers = []
         return self._controllers
 
+    def local_setters(self):
+        """The per-thread setters, one per library, or None unless every library has one."""
+        if self._local is None:
+            import ctypes
+            setters = []
+            for controller in self.controllers():
+                fn = next((getattr(controller.dynlib, name) for name in self.LOCAL_SETTERS
+                           if hasattr(controller.dynlib, name)), None)
+                if fn is None:
+                    setters = None
+                    break
+                fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                setters.append(fn)
+            self._local = setters if setters else False
+        return self._local or None
+
+    def on_worker(self):
+        """A worker thread of ours: BLAS single-threaded on it for good."""
+        for fn in self.local_setters() or ():
+            fn(1)
+
     @contextlib.contextmanager
     def single(self):
+        local = self.local_setters()
+        if local is not None:
+            previous = [fn(1) for fn in local]
+            try:
+                yield
+            finally:
+                for fn, n in zip(local, previous):
+                    fn(n)
+            return
         with self.lock:
             self.active += 1
             if self.active == 1:
@@ -138,6 +179,7 @@ class _Job:
 
 
 def _worker_loop():
+    _blas.on_worker()
     while True:
         _queue.get().work()
 
@@ -164,17 +206,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-def parallel_for(kernel, n_items, *args, item_size=1):
+def parallel_for(kernel, n_items, *args, item_size=1, blas=False):
     """Run kernel(*args, start, stop) over ranges covering [0, n_items).
 
-    item_size: the elements of work one item is (the module docstring).
+    item_size: the elements of work one item is (the module docstring);
+    blas: the kernel calls BLAS, which must then run single-threaded on the
+    calling thread too (the workers always have it so).
     """
     if _dry_run_calls is not None:
         _dry_run_calls.setdefault((kernel, tuple(kernel.typeof_pyval(a) for a in args + (0, n_items))))
         return
     threads = get_num_threads()
-    n_ranges = min(threads * _RANGES_PER_THREAD, n_items, max(1, n_items * item_size // GRAIN))
-    with _blas.single():
+    n_ranges = min(threads * _RANGES_PER_THREAD, n_items, n_items * item_size // GRAIN)
+    with _blas.single() if blas else contextlib.nullcontext():
         if n_ranges <= 1 or threads == 1:
             kernel(*args, 0, n_items)
             return
