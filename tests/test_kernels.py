@@ -176,28 +176,32 @@ def test_batched_matmul_reads_transposed_views_in_place():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype):
+def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype, monkeypatch):
     """numpy's OpenBLAS (64-bit integers) and scipy's (32-bit), on products
-    that are one matrix, a stack, transposed, and large enough to be cut
-    into row blocks, with and without a bias."""
+    that are a stack, transposed, large enough to be cut by rows, and cut
+    along the sum (k > m: a weight gradient), with and without a bias."""
     from tinygrad_attn.ops.kernels import blas, matmul
     assert blas.library_name() == "numpy's"  # found on this machine: the fallback is not what runs
     assert not np.array_equal(blas.library(), blas.library(prefer_numpy=False))
-    cases = [((3, 4, 5), (3, 6, 5), True), ((1, 700, 9), (1, 9, 33), False)]
-    assert matmul.block_rows(700, 33, 9 * 1000) < 700  # the second is cut when k is large
-    for a_shape, b_shape, trans_b in cases + [((1, 700, 9000), (1, 9000, 3), False)]:
+    assert matmul.pieces(700, 33, 9000) == (700, 2250)  # k > m: four slices of the sum
+    assert matmul.pieces(2000, 300, 128) == (500, 128)  # m >= k: four blocks of rows
+    assert matmul.pieces(30, 20, 10) == (30, 10)  # small: one piece
+    cases = [((3, 4, 5), (3, 6, 5), True), ((1, 700, 9), (1, 9, 33), False), ((1, 700, 9000), (1, 9000, 3), False),
+             ((2, 300, 2000), (2, 2000, 40), False)]
+    for a_shape, b_shape, trans_b in cases:
         a, b = randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype)
         count, m, k = a.shape
         n = b.shape[1] if trans_b else b.shape[2]
         bias = randn(n, dtype=dtype)
         expected = a @ (b.swapaxes(1, 2) if trans_b else b) + bias
         for prefer_numpy in (True, False):
+            monkeypatch.setattr(matmul, "library", lambda prefer_numpy=prefer_numpy: blas.library(prefer_numpy))
             out = np.empty((count, m, n), dtype)
             offsets = lambda x: np.arange(count, dtype=np.int64) * x[0].size
-            matmul._matmul(blas.library(prefer_numpy), a.reshape(-1), offsets(a), k, False, b.reshape(-1),
-                           offsets(b), b.shape[2], trans_b, m, n, k, matmul.block_rows(m, n, k), bias, out,
-                           0, count * -(-m // matmul.block_rows(m, n, k)))
-            np.testing.assert_allclose(out, expected, rtol=1e-4 if dtype == np.float32 else 1e-10)
+            matmul.batched_matmul(a.reshape(-1), offsets(a), k, False, b.reshape(-1), offsets(b), b.shape[2],
+                                  trans_b, m, n, k, out, bias)
+            tol = 1e-5 if dtype == np.float32 else 1e-12  # float32 sums of 9000 terms round
+            np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * np.abs(expected).max())
 
 
 def test_blas_candidates_are_checked_before_use(monkeypatch):

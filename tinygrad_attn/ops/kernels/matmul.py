@@ -2,21 +2,26 @@
 
 One kernel serves every product of the framework, from a stack of small
 matrices (attention heads) to one large matrix (a Linear layer over all
-tokens): the work is cut into items, each a block of rows of one product,
+tokens): the work is cut into items and `parallel_for` hands them to the
+threads, which call BLAS on one thread each (threads.py says why). A large
+product is cut along the longer of its two outer dimensions:
 
-    out[i][r0:r1] = op(A_i)[r0:r1] @ op(B_i)  (+ bias)
+- by rows, when m >= k:  out[i][r0:r1] = op(A_i)[r0:r1] @ op(B_i)  (+ bias)
+- along the sum, when k > m (a weight gradient, summed over every token):
+  partial[i, c] = op(A_i)[:, k0:k1] @ op(B_i)[k0:k1], then out[i] = the
+  sum of the partials in chunk order.
 
-and `parallel_for` hands the items to the threads, which call BLAS on one
-thread each (threads.py says why). A product is cut into row blocks only
-when it is large, by a rule of its shape alone, so a result never depends
-on the number of threads. A hand-written GEMM in Numba would be 2.5-5x
-slower than BLAS.
+Cutting the rows of a product makes every piece pack all of op(B) for
+BLAS again; cutting the sum gives each piece its own slice of both
+operands, so nothing is packed twice. How a product is cut depends on its
+shape alone, so a result never depends on the number of threads. A
+hand-written GEMM in Numba would be 2.5-5x slower than BLAS.
 
 Operands are read where they are: matrix i of a starts at a[a_off[i]] with
 row stride lda, so permuted views, transposed views (K^T: the flag tells
 BLAS to read it transposed) and broadcast batch axes (repeated offsets)
 need no copy. Rows r0:r1 of op(A) start r0 rows into A, or r0 columns into
-it when A is read transposed.
+it when A is read transposed (and likewise for a slice of the sum).
 """
 import numpy as np
 from numba import njit
@@ -25,33 +30,40 @@ from .blas import gemm, library
 from .threads import GRAIN, parallel_for
 
 MACS_PER_ELEMENT = 32  # a multiply-add in BLAS costs ~1/32 of an element of the other kernels' work
-_MIN_BLOCK_ROWS = 64
-_MAX_BLOCKS = 8
+_MAX_PIECES = 4  # a product in at most this many pieces
+_MIN_ROWS, _MIN_DEPTH = 64, 256  # the smallest piece worth a BLAS call, along m and along k
 
 
 @njit(nogil=True, cache=True)
-def _matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, block_rows, bias, out,
+def _matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, block_rows, chunk, bias, out,
             start, stop):
-    """Items [start, stop): item j is rows [r0, r0 + block_rows) of product j // blocks."""
+    """Items [start, stop): item j is rows [r0, r0 + block_rows) of product i, over
+    [k0, k0 + chunk) of the sum; written to out[i * chunks + c] (out: (count * chunks, m, n))."""
     one, zero = out.dtype.type(1), out.dtype.type(0)
-    blocks = (m + block_rows - 1) // block_rows
+    blocks, chunks = (m + block_rows - 1) // block_rows, (k + chunk - 1) // chunk
     flat = out.reshape(out.size)
     for j in range(start, stop):
-        i, r0 = j // blocks, (j % blocks) * block_rows
-        rows = min(block_rows, m - r0)
-        first = a_off[i] + (r0 if trans_a else r0 * lda)
-        c = i * m * n + r0 * n
-        gemm(blas, trans_a, trans_b, rows, n, k, one, a[first:], lda, b[b_off[i]:], ldb, zero, flat[c:], n)
-        if bias.shape[0]:  # added while the block is in cache
+        i, rest = j // (blocks * chunks), j % (blocks * chunks)
+        r0, c = (rest // chunks) * block_rows, rest % chunks
+        k0 = c * chunk
+        rows, depth = min(block_rows, m - r0), min(chunk, k - k0)
+        first_a = a_off[i] + (r0 + k0 * lda if trans_a else r0 * lda + k0)
+        first_b = b_off[i] + (k0 if trans_b else k0 * ldb)
+        o = ((i * chunks + c) * m + r0) * n
+        gemm(blas, trans_a, trans_b, rows, n, depth, one, a[first_a:], lda, b[first_b:], ldb, zero, flat[o:], n)
+        if bias.shape[0]:  # added while the block is in cache (only when the sum is not cut)
             for r in range(rows):
                 for col in range(n):
-                    flat[c + r * n + col] += bias[col]
+                    flat[o + r * n + col] += bias[col]
 
 
-def block_rows(m, n, k):
-    """Rows per item of an (m, k) @ (k, n) product: all m unless the product is large."""
-    blocks = min(_MAX_BLOCKS, max(1, m // _MIN_BLOCK_ROWS), max(1, m * n * k // (MACS_PER_ELEMENT * GRAIN)))
-    return -(-m // blocks)
+def pieces(m, n, k):
+    """(block_rows, chunk): how an (m, k) @ (k, n) product, m, n, k >= 1, is cut (the
+    module docstring): into at most _MAX_PIECES, each at least GRAIN elements of work."""
+    count = min(_MAX_PIECES, max(1, m * n * k // (MACS_PER_ELEMENT * GRAIN)))
+    if k > m:
+        return m, -(-k // min(count, max(1, k // _MIN_DEPTH)))
+    return -(-m // min(count, max(1, m // _MIN_ROWS))), k
 
 
 def batched_matmul(a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out, bias=None):
@@ -60,8 +72,17 @@ def batched_matmul(a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out,
     a and b are 1-D buffers, the offsets int64 arrays of one start per product."""
     if out.size == 0:
         return
-    rows = block_rows(m, n, k)
-    blocks = -(-m // rows)
-    bias = np.zeros(0, out.dtype) if bias is None else bias
-    parallel_for(_matmul, len(a_off) * blocks, library(), a, a_off, lda, trans_a, b, b_off, ldb, trans_b,
-                 m, n, k, rows, bias, out, item_size=rows * n * k // MACS_PER_ELEMENT, blas=True)
+    if k == 0:  # an empty sum
+        out[...] = 0 if bias is None else bias
+        return
+    rows, chunk = pieces(m, n, k)
+    blocks, chunks = -(-m // rows), -(-k // chunk)
+    target = out if chunks == 1 else np.empty((len(a_off) * chunks, m, n), out.dtype)
+    none = np.zeros(0, out.dtype)
+    parallel_for(_matmul, len(a_off) * blocks * chunks, library(), a, a_off, lda, trans_a, b, b_off, ldb, trans_b,
+                 m, n, k, rows, chunk, none if bias is None or chunks > 1 else bias, target,
+                 item_size=rows * n * chunk // MACS_PER_ELEMENT, blas=True)
+    if chunks > 1:  # the partial products, added in chunk order
+        np.sum(target.reshape(len(a_off), chunks, m, n), axis=1, out=out.reshape(len(a_off), m, n))
+        if bias is not None:
+            out += bias
