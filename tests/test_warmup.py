@@ -173,10 +173,10 @@ def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
     assert not warmup._claim(str(tmp_path), 4)
     started = []
     monkeypatch.setattr(warmup, "_start_helper", lambda claims, calls: started.append(claims) or _DoneProcess())
-    monkeypatch.setattr(warmup, "is_warm", lambda calls: False)
+    monkeypatch.setattr(warmup, "is_warm", lambda key: False)
     monkeypatch.setattr(warmup.threads, "_usable_cores", lambda: 2)
     monkeypatch.setattr(warmup.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
-    monkeypatch.setattr(warmup, "_marker", lambda calls: str(tmp_path.parent / "marker"))
+    monkeypatch.setattr(warmup, "_marker", lambda key: str(tmp_path.parent / "marker"))
     progress = []
     warmup.compile_kernels(calls, helper=True, progress=lambda i, n, name: progress.append((i, name)))
     assert started == [str(tmp_path)]
@@ -208,9 +208,9 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
         import numpy as np
         from tinygrad_attn import warmup
         calls = warmup.kernel_signatures((np.float32,))
-        print(warmup.is_warm(calls))
+        print(warmup.is_warm(warmup.calls_key(calls)))
         warmup.compile_kernels(calls, helper=True)
-        print(warmup.is_warm(calls))
+        print(warmup.is_warm(warmup.calls_key(calls)))
         """, **env)
     assert out.split() == ["False", "True"]
     hits, misses = _run("""

@@ -10,6 +10,7 @@ from . import functional, nn, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
 from .checkpoint import CheckpointError, load, save
+from .functional import composite, set_composite
 from .ops.kernels.threads import get_num_threads, set_num_threads
 from .gradcheck import GradcheckError, gradcheck
 from .memory import keep_freed_memory
@@ -29,5 +30,5 @@ __all__ = [
     "save", "load", "CheckpointError",
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
-    "float32", "float64", "int64", "bool_", "set_num_threads", "get_num_threads", "keep_freed_memory",
+    "float32", "float64", "int64", "bool_", "set_num_threads", "get_num_threads", "keep_freed_memory", "composite", "set_composite",
 ]

@@ -303,13 +303,17 @@ def _setup(make_trainer):
 def _compile_kernels(trainer):
     """On the first run after installing, compile the kernels of this run's
     step before training, with a second process sharing the work (warmup.py)."""
+    import json
+
     from . import warmup
-    calls = trainer.kernel_calls()
-    if warmup.is_warm(calls):
+    settings = {k: v for k, v in json.loads(trainer.config.to_json()).items() if k not in ("out", "steps")}
+    key = "train " + json.dumps(settings, sort_keys=True)  # the same settings: the same kernels
+    if warmup.is_warm(key):
         return
+    calls = trainer.kernel_calls()
     _say("compiling kernels, first run only ...")
     _say(f"compiled {len({kernel for kernel, _ in calls})} kernels in "
-         f"{warmup.compile_kernels(calls, helper=True):.1f} s")
+         f"{warmup.compile_kernels(calls, helper=True, key=key):.1f} s")
 
 
 def _run(trainer, args):

@@ -1,11 +1,15 @@
 """Functions on tensors with PyTorch's names and signatures (torch.nn.functional).
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
-(linear, softmax, log_softmax, layer_norm, cross_entropy, attention, dropout)
-call fused ops backed by Numba kernels. Their composite versions, written
-step by step with primitive ops, are in `tinygrad_attn.reference`: read
-those to see the math, and the tests check the fused ones against them.
+(linear, softmax, log_softmax, layer_norm, cross_entropy, attention,
+dropout, gelu) call fused ops backed by Numba kernels. Their composite
+versions, written step by step with primitive ops, are in
+`tinygrad_attn.reference`: read those to see the math, and the tests check
+the fused ones against them. Inside `with composite():` (or after
+`set_composite(True)`) these functions run the composite versions instead,
+so a whole model runs, and backpropagates, through the path you read.
 """
+import contextlib
 import warnings
 
 import numpy as np
@@ -18,8 +22,30 @@ from .ops.loss import CrossEntropy
 from .ops.matmul import LinearOp
 from .ops.norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
+from . import reference as R
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
+
+_composite = False
+
+
+def set_composite(enabled):
+    """True: the fused functions here run their composite versions of
+    `tinygrad_attn.reference` (every primitive op in the graph); False: the
+    fused ops (the default). Returns the previous setting."""
+    global _composite
+    previous, _composite = _composite, bool(enabled)
+    return previous
+
+
+@contextlib.contextmanager
+def composite(enabled=True):
+    """`with composite():` runs the composite versions inside (see set_composite)."""
+    previous = set_composite(enabled)
+    try:
+        yield
+    finally:
+        set_composite(previous)
 
 
 def relu(input, inplace=False):
@@ -31,6 +57,8 @@ def relu(input, inplace=False):
 def gelu(input, *, approximate="none"):
     """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
     uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    if _composite:
+        return R.gelu(input, approximate)
     return input.gelu(approximate=approximate)
 
 
@@ -50,6 +78,8 @@ def linear(input, weight, bias=None):
     An integer input meets a float weight as in the arithmetic operators: it
     takes the weight's dtype (PyTorch raises; numpy would give float64)."""
     input, weight = _promote(input, weight)
+    if _composite:
+        return R.linear(input, weight, None if bias is None else _promote(bias, weight)[0])
     if bias is None:
         return LinearOp.apply(input, weight)
     bias, weight = _promote(bias, weight)
@@ -119,7 +149,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
     applies (with its warning). `dtype` casts the input first."""
     dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
-    return Softmax.apply(input, axis=dim)
+    return R.softmax(input, dim) if _composite else Softmax.apply(input, axis=dim)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -127,7 +157,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
     `softmax`."""
     dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
-    return LogSoftmax.apply(input, axis=dim)
+    return R.log_softmax(input, dim) if _composite else LogSoftmax.apply(input, axis=dim)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -138,6 +168,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if k == 0 or input.shape[input.ndim - k:] != normalized_shape:
         raise ShapeError(f"layer_norm: input of shape {input.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
+    if _composite:
+        return R.layer_norm(input, normalized_shape, weight, bias, eps)
     dtype = input.dtype if input.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
@@ -155,7 +187,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     _no_inplace("dropout", inplace)
     if not training or p == 0:
         return input
-    return DropoutOp.apply(input, p=p)
+    return R.dropout(input, p) if _composite else DropoutOp.apply(input, p=p)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -179,6 +211,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                                       + ("; use reduction=" if arg != "weight" else ""))
     logits = input
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    if _composite:
+        return R.cross_entropy(logits, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                               reduction=reduction)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction)
 
@@ -218,6 +253,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     inputs = (query, key, value)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
+    if _composite:
+        return R.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3] if attn_mask is not None else None,
+                                              dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                              need_weights=need_weights)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
                                                         dropout_p=dropout_p)
     if not need_weights:
@@ -271,6 +310,10 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     inputs = (qkv,)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
+    if _composite:
+        return R.packed_self_attention(qkv, num_heads, attn_mask=inputs[1] if attn_mask is not None else None,
+                                       dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                       need_weights=need_weights)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
     return (out, Tensor(ctx.weights)) if need_weights else out

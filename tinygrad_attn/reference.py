@@ -3,8 +3,10 @@
 Each function here is written with primitive ops only (exp, sum, matmul,
 where, ...), so every step is visible and the engine differentiates it
 with no hand-written backward. They are the readable definitions, and the
-tests' reference for the fused Numba ops that `functional` actually calls
-(same signatures, same results up to rounding).
+tests' reference for the fused Numba ops that `functional` calls (same
+results up to rounding). `with tinygrad_attn.composite():` makes
+`functional`, and so every layer, run these instead, to watch each step
+of a real model in the graph (`viz.graph`) or step through it.
 """
 import math
 
@@ -158,3 +160,42 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     attn = dropout(weights, dropout_p) if dropout_p > 0 else weights
     out = attn @ value
     return (out, weights) if need_weights else out
+
+
+def gelu(x, approximate="none"):
+    """x * Phi(x), Phi the standard normal CDF; approximate="tanh" uses
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+
+    Phi from erfc, for |x| / sqrt(2) = z:  Phi(x) = 1 - tail for x >= 0, tail
+    for x < 0, tail = erfc(z) / 2 = t exp(-z^2 + P(t)) / 2, t = 1 / (1 + z / 2)
+    (Numerical Recipes' erfc: fractional error below 1.2e-7, nothing cancels
+    for negative x, as in the kernel)."""
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
+        return x * 0.5 * (inner.tanh() + 1)
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    z = x.abs() * (1 / math.sqrt(2))
+    t = 1 / (z * 0.5 + 1)
+    p = t * 0.0
+    for c in (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+              0.37409196, 1.00002368, -1.26551223):
+        p = p * t + c  # Horner: P(t) = -1.26551223 + t (1.00002368 + t (... + t 0.17087277))
+    tail = t * (p - z * z).exp() * 0.5
+    return x * where(x.data >= 0, 1 - tail, tail)
+
+
+def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                          need_weights=False):
+    """Multi-head self-attention on a packed projection qkv (B, T, 3 * H * hd),
+    its last axis laid out (3, H, hd): each head attends with its Q, K, V;
+    the result is the heads side by side, (B, T, H * hd)."""
+    B, T, width = qkv.shape
+    hd = width // (3 * num_heads)
+    split = qkv.reshape(B, T, 3, num_heads, hd)
+    q, k, v = (split[:, :, i].permute(0, 2, 1, 3) for i in range(3))  # each (B, H, T, hd)
+    result = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, need_weights=need_weights)
+    heads, weights = result if need_weights else (result, None)
+    out = heads.permute(0, 2, 1, 3).reshape(B, T, num_heads * hd)  # concatenate the heads
+    return (out, weights.detach()) if need_weights else out

@@ -21,8 +21,9 @@ prefer to pay up front and say so:
    write the same kernel's cache files (no locks on Numba's cache needed);
    this process then waits for the helper and loads its kernels.
 3. a marker file in the cache (named after the kernels' sources, the
-   Numba, Python and machine versions and the calls) records that these
-   calls were compiled, so later runs start no helper.
+   Numba, Python and machine versions and a key naming the calls: the
+   `train` command uses its settings) records that these calls were
+   compiled, so later runs neither dry-run their step nor start a helper.
 """
 import contextlib
 import glob
@@ -101,16 +102,20 @@ def kernel_signatures(dtypes=(np.float32,)):
     return signatures_of(lambda: [training_steps(dtype) for dtype in dtypes])
 
 
-def _state_key(calls):
-    """Names a cache holding these compiled calls: the source code of the
-    kernels and of the ops calling them, the versions, and the calls."""
+def calls_key(calls):
+    """A name for a list of calls (the default key of `compile_kernels`'s marker)."""
+    return repr(sorted(f"{kernel.__name__}{signature}" for kernel, signature in calls))
+
+
+def _state_key(key):
+    """Names a cache holding the compiled calls named `key`: the source code of
+    the kernels and of the ops calling them, the versions, and the key."""
     digest = hashlib.sha256()
     ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
     for path in sorted(glob.glob(os.path.join(ops, "kernels", "*.py")) + glob.glob(os.path.join(ops, "*.py"))):
         with open(path, "rb") as f:
             digest.update(f.read())
-    digest.update(f"{numba.__version__} {sys.version} {platform.machine()}".encode())
-    digest.update(repr(sorted(f"{k.__name__}{sig}" for k, sig in calls)).encode())
+    digest.update(f"{numba.__version__} {sys.version} {platform.machine()} {key}".encode())
     return digest.hexdigest()[:20]
 
 
@@ -119,13 +124,13 @@ def cache_dir():
     return KERNELS[0].stats.cache_path
 
 
-def _marker(calls):
-    return os.path.join(cache_dir(), f"tinygrad_attn-compiled-{_state_key(calls)}")
+def _marker(key):
+    return os.path.join(cache_dir(), f"tinygrad_attn-compiled-{_state_key(key)}")
 
 
-def is_warm(calls):
-    """True if these calls were all compiled into the cache before (by `compile_kernels`)."""
-    return os.path.exists(_marker(calls))
+def is_warm(key):
+    """True if `compile_kernels` compiled the calls named `key` (see calls_key) into this cache before."""
+    return os.path.exists(_marker(key))
 
 
 def _by_kernel(calls):
@@ -171,15 +176,17 @@ def _helper_main(claims):
             kernel.compile(signature)
 
 
-def compile_kernels(calls, progress=None, helper=False):
+def compile_kernels(calls, progress=None, helper=False, key=None):
     """Compile (or load from the cache) the kernels of `calls` ([(kernel,
     argument types)], from `signatures_of` or `kernel_signatures`); returns
     the seconds it took. progress(done, total, name) is called before each
     kernel. helper: share the work with a second process when these calls
-    were never compiled here and there are two cores (module docstring)."""
+    were never compiled here and there are two cores (module docstring).
+    key names the calls for `is_warm` (default: calls_key(calls))."""
     start = time.perf_counter()
+    key = calls_key(calls) if key is None else key
     kernels = _by_kernel(calls)
-    use_helper = helper and len(kernels) > 1 and threads._usable_cores() >= 2 and not is_warm(calls)
+    use_helper = helper and len(kernels) > 1 and threads._usable_cores() >= 2 and not is_warm(key)
     claims = tempfile.mkdtemp(prefix="tinygrad_attn-warmup-") if use_helper else None
     process = _start_helper(claims, calls) if use_helper else None
     try:
@@ -200,5 +207,5 @@ def compile_kernels(calls, progress=None, helper=False):
     if progress is not None:
         progress(len(kernels), len(kernels), "")
     with contextlib.suppress(OSError):
-        open(_marker(calls), "w").close()
+        open(_marker(key), "w").close()
     return time.perf_counter() - start
