@@ -30,5 +30,6 @@ __all__ = [
     "save", "load", "CheckpointError",
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
-    "float32", "float64", "int64", "bool_", "set_num_threads", "get_num_threads", "keep_freed_memory", "composite", "set_composite",
+    "float32", "float64", "int64", "bool_",
+    "set_num_threads", "get_num_threads", "keep_freed_memory", "composite", "set_composite",
 ]

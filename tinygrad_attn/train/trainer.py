@@ -492,8 +492,8 @@ class Trainer:
         arrays.update(optim.flatten_state_dict(self.optimizer.state_dict(), "optimizer."))
         arrays.update(optim.flatten_state_dict(self.scheduler.state_dict(), "scheduler."))
         # the per-step curve as an array (it grows with the run); the few evaluations as JSON
-        arrays["history.train"] = np.array([[s, l, lr, np.nan if g is None else g]
-                                            for s, l, lr, g in self.history["train"]],
+        arrays["history.train"] = np.array([[s, loss, lr, np.nan if g is None else g]
+                                            for s, loss, lr, g in self.history["train"]],
                                            dtype=np.float64).reshape(-1, 4)
         metadata = {
             "format": FORMAT,

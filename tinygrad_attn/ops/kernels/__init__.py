@@ -53,3 +53,8 @@ KERNELS = (activations._gelu_forward, activations._gelu_backward, adam._adam_upd
            cross_entropy._cross_entropy_backward, dropout._dropout_apply, layernorm._layer_norm_forward,
            layernorm._layer_norm_backward, matmul._matmul, norms._sum_of_squares, softmax._softmax_forward,
            softmax._softmax_backward)
+
+__all__ = ["KERNELS", "attention_backward", "attention_forward", "batched_matmul", "blas_name",
+           "cross_entropy_backward", "cross_entropy_forward", "dropout_apply", "gelu_backward", "gelu_forward",
+           "get_num_threads", "layer_norm_backward", "layer_norm_forward", "parallel_for", "set_num_threads",
+           "softmax_backward", "softmax_forward"]
