@@ -311,7 +311,7 @@ def _compile_kernels(trainer):
     if warmup.is_warm(key):
         return
     calls = trainer.kernel_calls()
-    _say("compiling kernels, first run only ...")
+    _say("compiling kernels (first run of these settings; cached for the next) ...")
     _say(f"compiled {len({kernel for kernel, _ in calls})} kernels in "
          f"{warmup.compile_kernels(calls, helper=True, key=key):.1f} s")
 
