@@ -149,6 +149,9 @@ def test_the_warmup_steps_cover_other_transformer_steps():
     layers, masks and dropout need no other signature; every kernel is in."""
     compiled = set(warmup.kernel_signatures((np.float32,)))
     assert {k for k, _ in compiled} == set(kernels.KERNELS)
+    # one float32 version of each: every compiled version costs a cold start 0.3-2 s
+    # (a read-only offsets array, say, is another Numba type)
+    assert len(compiled) == len(kernels.KERNELS)
     for step in (_encoder_step, _causal_decoder_step, _gpt_step):
         assert set(_dry_run(step)) <= compiled
     both = warmup.kernel_signatures((np.float32, np.float64))

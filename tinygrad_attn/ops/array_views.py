@@ -35,8 +35,11 @@ def batch_index(part_shape, full_shape):
     size = math.prod(part_shape)
     if tuple(part_shape) == tuple(full_shape):
         return np.arange(size, dtype=np.int64)
-    return np.ascontiguousarray(
-        np.broadcast_to(np.arange(size, dtype=np.int64).reshape(part_shape), full_shape)).reshape(-1)
+    return np.array(np.broadcast_to(np.arange(size, dtype=np.int64).reshape(part_shape), full_shape)).reshape(-1)
+
+
+_ONE_MATRIX = np.zeros(1, np.int64)  # the offsets of a single matrix (writeable: a read-only array would
+                                     # be another Numba type, and the kernels another compiled version)
 
 
 def as_matrices(x, batch, allow_transposed=False):
@@ -50,6 +53,11 @@ def as_matrices(x, batch, allow_transposed=False):
     swapaxes(-1, -2) view); only if `allow_transposed`. x is copied to C
     order when neither fits, or a stride is negative.
     """
+    if x.ndim == 2 and not batch:  # one matrix, C-ordered or a transposed C-ordered one: the usual case
+        if x.flags.c_contiguous:
+            return x.reshape(-1), _ONE_MATRIX, x.shape[1], False
+        if allow_transposed and x.flags.f_contiguous:
+            return x.T.reshape(-1), _ONE_MATRIX, x.shape[0], True
     item = x.itemsize
     r, c = x.shape[-2:]
     strides = x.strides
@@ -78,7 +86,8 @@ def _batch_offsets(shape, strides, batch):
         if size > 1:
             along_axis = (-1,) + (1,) * (len(shape) - 1 - axis)
             offsets += (np.arange(size, dtype=np.int64) * stride).reshape(along_axis)
-    return np.ascontiguousarray(np.broadcast_to(offsets, batch)).reshape(-1)
+    # a copy, always writeable: a read-only array is another Numba type (another compiled kernel)
+    return np.array(np.broadcast_to(offsets, batch)).reshape(-1)
 
 
 def _memory(x):

@@ -49,7 +49,8 @@ def product(a, b, bias=None):
     """a @ b (+ bias) for operands of two or more axes, numpy's batch broadcasting."""
     if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):  # integers: numpy
         return np.matmul(a, b) if bias is None else np.matmul(a, b) + bias
-    batch = broadcast_shapes("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2])
+    batch = () if a.ndim == b.ndim == 2 else broadcast_shapes("matmul (batch dimensions)", a.shape[:-2],
+                                                               b.shape[:-2])
     *ma, ta = as_matrices(a, batch, allow_transposed=True)
     *mb, tb = as_matrices(b, batch, allow_transposed=True)
     (m, k), n = a.shape[-2:], b.shape[-1]

@@ -52,9 +52,17 @@ def _usable_cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+_default_threads = None  # the cores this process may use, read once (on the first kernel call)
+
+
 def get_num_threads():
     """Threads tinygrad_attn computes with (the calling one included)."""
-    return _num_threads or _usable_cores()
+    global _default_threads
+    if _num_threads:
+        return _num_threads
+    if _default_threads is None:
+        _default_threads = _usable_cores()
+    return _default_threads
 
 
 def set_num_threads(n):
