@@ -226,3 +226,22 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
         """, **env).split()
     assert int(hits) == len(kernels.KERNELS) and int(misses) == 0
     assert all(type(k._cache) is FunctionCache for k in kernels.KERNELS)
+
+
+def test_keep_freed_memory_is_an_explicit_choice_the_commands_make(monkeypatch):
+    """Importing never tunes malloc; keep_freed_memory() does (True on glibc,
+    once), and the training commands call it, as programs may."""
+    import platform
+
+    from tinygrad_attn import cli, memory
+    out = _run("""
+        import tinygrad_attn
+        from tinygrad_attn import memory
+        print(memory._applied, tinygrad_attn.keep_freed_memory(), memory._applied, memory.keep_freed_memory())
+        """)
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert out.split() == ["False", str(glibc), str(glibc), str(glibc)]
+    calls = []
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setitem(cli.COMMANDS, "decode", lambda args: 0)
+    assert cli.main(["decode", "somewhere"]) == 0 and calls == [1]
