@@ -208,32 +208,29 @@ def build(case, path):
     raise KeyError(f"unknown case {case!r}")
 
 
-def _w1(inputs, weights):
-    model = EncoderLM()
+def _language_model(model, weights, ids, target, optimizer, clip=False):
+    """A step of a model from token ids to logits, cross-entropy against target."""
     model.load_state_dict(weights)
-    ids, target = inputs["ids"], inputs["target"].reshape(-1)
+    target = target.reshape(-1)
     forward = lambda: model(ids)
 
     def loss_fn():
         logits = forward()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
-    train = C.TrainStep(loss_fn, optim.Adam(model.parameters(), lr=C.W1["lr"]))
+    params = list(model.parameters())
+    train = C.TrainStep(loss_fn, optimizer(params), **(dict(clip=optim.clip_grad_norm_, params=params) if clip else {}))
     return C.Built(train, _train_check(train, forward), train)
+
+
+def _w1(inputs, weights):
+    return _language_model(EncoderLM(), weights, inputs["ids"], inputs["target"],
+                           lambda params: optim.Adam(params, lr=C.W1["lr"]))
 
 
 def _w2(inputs, weights):
-    model = _gpt()
-    model.load_state_dict(weights)
-    idx, target = inputs["idx"], inputs["target"].reshape(-1)
-    forward = lambda: model(idx)
-
-    def loss_fn():
-        logits = forward()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
-    params = list(model.parameters())
-    opt = optim.AdamW(params, lr=C.W2["lr"], weight_decay=C.W2["weight_decay"])
-    train = C.TrainStep(loss_fn, opt, clip=optim.clip_grad_norm_, params=params)
-    return C.Built(train, _train_check(train, forward), train)
+    return _language_model(_gpt(), weights, inputs["idx"], inputs["target"],
+                           lambda params: optim.AdamW(params, lr=C.W2["lr"], weight_decay=C.W2["weight_decay"]),
+                           clip=True)
 
 
 def _w3(inputs, weights):

@@ -189,3 +189,15 @@ def attention_cases(draw, torch_compatible=False, max_side=3):
         kwargs["head_dim"] = head_dim
     return AttentionCase(kwargs, query, key, value, self_attention, kpm, attn_mask, is_causal,
                          need_weights, draw(st.booleans()))
+
+
+def normal(*shape, seed=0):
+    """Standard normal float64 samples from a fixed seed."""
+    return np.random.default_rng(seed).normal(size=shape)
+
+
+def padding(B, S):
+    """Key padding (B, S), True = padding: the last two keys of the first sequence."""
+    m = np.zeros((B, S), dtype=bool)
+    m[0, -2:] = True
+    return m

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import tinygrad_attn as tg
 from tinygrad_attn import nn
 
-from .nn_helpers import attention_cases
+from .nn_helpers import attention_cases, normal, padding
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings("ignore:enable_nested_tensor:UserWarning"),
@@ -113,17 +113,6 @@ def check_equivalence(case, ours, theirs, inputs, dtype, direction, extras=None,
 
 both_ways = pytest.mark.parametrize("direction", ["torch->ours", "ours->torch"])
 dtypes = pytest.mark.parametrize("dtype", ["float64", "float32"])
-
-
-def normal(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape)
-
-
-def padding(B, S):
-    """A key padding mask: the last two keys of the first sequence are padding."""
-    m = np.zeros((B, S), dtype=bool)
-    m[0, -2:] = True
-    return m
 
 
 def causal(T):

@@ -21,6 +21,8 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as tgF
 from tinygrad_attn import nn as tgnn
 
+from .nn_helpers import normal, padding
+
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings("ignore:enable_nested_tensor:UserWarning"),
               pytest.mark.filterwarnings("ignore:Implicit dimension choice:UserWarning"),
@@ -104,17 +106,6 @@ def run_both(build, use, inputs, grad=True):
     assert ours_grads.keys() == their_grads.keys()
     for name in their_grads:
         _close(ours_grads[name], their_grads[name], f"gradient of {name}")
-
-
-def normal(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape)
-
-
-def padding(B, S):
-    """Key padding (B, S), True = padding: the last two keys of the first sequence."""
-    m = np.zeros((B, S), dtype=bool)
-    m[0, -2:] = True
-    return m
 
 
 L, S, B, E = 4, 5, 3, 8  # query length, key length, batch, embedding
