@@ -207,6 +207,10 @@ class Tensor:
     nested lists and Python scalars. When `requires_grad` is set, ops on it
     build a graph that `backward()` walks to fill in `.grad`.
     `.data` is the underlying numpy array.
+
+    `.name` is a label of your own (None by default, also on every op
+    result): `t.name = "W_q"` makes `viz.graph` print it on the tensor's
+    card. Nothing else reads it, and copies and op results do not inherit it.
     """
 
     __slots__ = ("data", "grad", "_requires_grad", "_ctx", "_retains_grad", "_hooks", "name",
