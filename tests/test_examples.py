@@ -54,3 +54,14 @@ def test_quickstart_loss_falls(capsys):
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step")]
     first = float(lines[0].split()[-1])
     assert final < first / 10
+
+
+
+@pytest.mark.parametrize("name", ["attention_walkthrough", "gradient_flow", "backprop_ninja_attention"])
+def test_the_learning_examples_answer_help(name, capsys):
+    example = load(name)
+    with pytest.raises(SystemExit) as exit_:
+        example.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "--seed" in out

@@ -1,10 +1,12 @@
 """examples/attention_walkthrough.py: the seeds' example runs, has the seeds'
-shapes, is deterministic, and every gradient matches finite differences."""
+shapes, is deterministic, every gradient matches finite differences, and each
+claim it prints holds numerically."""
 import contextlib
 import importlib.util
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 PATH = Path(__file__).resolve().parents[1] / "examples" / "attention_walkthrough.py"
@@ -20,15 +22,15 @@ def walkthrough():
 
 @pytest.fixture(scope="module")
 def run(walkthrough):
-    """One printed run: (errors, intermediates, printed text)."""
+    """One printed run: (results, printed text)."""
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        errors, inter = walkthrough.main()
-    return errors, inter, buffer.getvalue()
+        results = walkthrough.main()
+    return results, buffer.getvalue()
 
 
 def test_shapes_follow_the_seed_notes(run):
-    errors, inter, _ = run
+    inter = run[0]["inter"]
     assert inter["X"].shape == (2, 4)
     for i in range(8):
         assert inter[f"Q[{i}]"].shape == (2, 3)
@@ -39,16 +41,58 @@ def test_shapes_follow_the_seed_notes(run):
 
 
 def test_every_gradient_matches_finite_differences(run):
-    errors, _, _ = run
+    results = run[0]
+    errors = results["errors"]
     assert set(errors) >= {"WQ", "WK", "WV", "WO", "X", "Q[0]", "K[0]", "V[0]", "scores[0]",
                            "weights[0]", "Z[0]", "concat", "Y"}
     assert max(errors.values()) < 1e-6, errors
+    assert results["causal"]["X"] < 1e-6 and results["cross_entropy"]["X"] < 1e-6
+
+
+def test_the_words_are_labelled_and_head_0_attends_unevenly(run):
+    results, out = run
+    weights = results["inter"]["weights[0]"].data
+    assert np.abs(weights - 0.5).min() > 0.2  # every weight at least 0.2 away from uniform
+    assert "'Thinking' attends 0.129 to 'Thinking', 0.871 to 'Machines'" in out
+
+
+def test_dx_is_the_sum_of_its_query_key_and_value_paths(run):
+    paths = run[0]["paths"]
+    np.testing.assert_allclose(paths["Q"] + paths["K"] + paths["V"], paths["X.grad"], rtol=0, atol=1e-12)
+    assert paths["formula"] < 1e-12  # each path is sum_i G_{Q_i} (W^Q_i)^T, ...
+    assert all(np.abs(paths[p]).max() > 1e-3 for p in "QKV")  # none of them is trivially zero
+    np.testing.assert_allclose(paths["K"].sum(axis=0), 0, atol=1e-12)
+
+
+def test_softmax_rows_and_key_gradients_sum_to_zero_but_queries_do_not(walkthrough, run):
+    sums = run[0]["zero_sums"]
+    assert sums["rows"] < 1e-12 and sums["keys"] < 1e-12
+    assert sums["queries"] > 0.1
+    # the claim in the stated form, directly: G_K = G_S^T Q / sqrt(d_k) for every head
+    inter = run[0]["inter"]
+    for i in range(8):
+        G_S, Q = inter[f"scaled[{i}]"].grad.data, inter[f"Q[{i}]"].data
+        np.testing.assert_allclose(inter[f"K[{i}]"].grad.data, G_S.T @ Q / np.sqrt(3), atol=1e-12)
+
+
+def test_causal_variant(run):
+    causal = run[0]["causal"]
+    np.testing.assert_array_equal(causal["weights"][0], [1.0, 0.0])
+    assert causal["masked_grad"] == 0 and causal["first_query_grad"] == 0
+    assert causal["rows"] < 1e-12 and causal["keys"] < 1e-12
+
+
+def test_cross_entropy_variant(run):
+    ce = run[0]["cross_entropy"]
+    assert ce["dlogits"] < 1e-12 and ce["rows"] < 1e-12 and ce["loss"] > 0
 
 
 def test_output_is_deterministic_and_mentions_every_step(walkthrough, run, capsys):
-    first = run[2]
+    first = run[1]
     walkthrough.main()
     assert capsys.readouterr().out == first
     for text in ("scores[0] (2, 2)", "concat(Z_0..Z_7) (2, 24)", "Y = concat @ W^O (2, 4)",
-                 "dL/dWO (24, 4)", "agree with finite differences"):
+                 "dL/dWO (24, 4)", "agree with finite differences", "divided by sqrt(d_k)",
+                 "through the keys", "Causal variant", "Cross-entropy"):
         assert text in first
+    assert "scaled by" not in first and "scaled by" not in PATH.read_text()
