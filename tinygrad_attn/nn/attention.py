@@ -1,15 +1,24 @@
 """Multi-head attention, as in the seeds and in torch.nn.MultiheadAttention.
 
-For one head i, with the seeds' row-vector convention (x W):
+The seeds write a projection two ways: for one word as a column,
+q = W x with W of shape (head_dim, E) (the column form), and for the words
+as the rows of X, Q = X W with W of shape (E, head_dim) (the row form).
+They are the same map when W_row = W_col^T, since row i of X W_col^T is
+(W_col x_i)^T. In the row form, for one head i:
 
     Q_i = X W_Q^i,  K_i = X_k W_K^i,  V_i = X_v W_V^i        (W_*^i: (E, head_dim))
     Z_i = softmax(Q_i K_i^T / sqrt(head_dim) + mask) V_i      (L, head_dim)
     out = concat(Z_0, ..., Z_{h-1}) W_O + b_O                  (L, h*head_dim) (h*head_dim, E)
 
-The matrices are stored as PyTorch stores them, so weights move between the
-two frameworks: `in_proj_weight` (3*h*head_dim, E) stacks W_Q^T, W_K^T, W_V^T
-(head i owns rows i*head_dim:(i+1)*head_dim of each third), `in_proj_bias`
+The matrices are stored in the column form, as PyTorch stores them (so
+weights move between the two frameworks, and every projection is
+`F.linear(x, W) = x W^T`): `in_proj_weight` (3*h*head_dim, E) stacks
+W_Q^T, W_K^T, W_V^T, i.e. q = in_proj_weight[:h*head_dim] @ x for one word
+(head i owns rows i*head_dim:(i+1)*head_dim of each third); `in_proj_bias`
 stacks their biases, and `out_proj` is a Linear whose weight is W_O^T.
+`head_weights(i)` returns head i's matrices in the row form. Gradients
+switch in the same way: dL/dW_col = (dL/dW_row)^T = G_Q^T X.
+See docs/backprop_through_attention.md for the backward of each step.
 """
 from functools import reduce
 
@@ -205,8 +214,10 @@ class MultiheadAttention(Module):
                 PyTorch it requires attn_mask (RuntimeError without it), and
                 when there is no key_padding_mask and need_weights is False
                 the causal mask is used in place of attn_mask.
-        A query whose keys are all blocked gets zero weights (PyTorch: NaN),
-        so its output is out_proj(0) = out_proj.bias. (Note that
+        A query whose keys are all blocked gets zero weights, so its output
+        is out_proj(0) = out_proj.bias, whatever need_weights is. (PyTorch
+        2.13 gives NaN there when need_weights=True, its default, or on its
+        batch_first inference fast path, else out_proj.bias.) (Note that
         `functional.scaled_dot_product_attention` uses the opposite boolean
         convention, True = may attend, like torch.nn.functional's; the masks
         are converted here.)
