@@ -41,16 +41,16 @@ SOLUTION = os.environ.get("BACKPROP_NINJA_SOLUTION") == "1"  # or: python ... --
 DOC = "docs/backprop_through_attention.md"
 SECTIONS = {  # the sections of DOC the hints point to (their titles as they are in DOC)
     0: "The rule of the game",
-    1: "Matrix multiplication",
+    1: "Matrix multiplication and the Linear layer",
     2: "Softmax",
     3: "Scaling",
     5: "Scaled dot-product attention as a whole",
     6: "Multi-head: split and concatenate",
     7: "Layer normalisation",
-    8: "Residual connections and Add & Norm",
+    8: "Residual connections: post-norm and pre-norm",
     9: "Cross-entropy with log-softmax",
-    10: "Positional encoding: nothing to learn",
-    11: "Embedding lookup",
+    10: "Positional encoding, fixed and learned",
+    11: "Embeddings: lookup, the sqrt(d_model) scale, tied weights",
 }
 
 
