@@ -388,6 +388,7 @@ CASES = {
     "Log": [unary(lambda t: t.log(), np.log, low=0.1, high=3.0)],
     "Sqrt": [unary(lambda t: t.sqrt(), np.sqrt, low=0.1, high=3.0)],
     "Tanh": [unary(lambda t: t.tanh(), np.tanh)],
+    "Erfc": [unary(lambda t: t.erfc(), lambda a: 1 - erf(a))],
     "Sigmoid": [unary(lambda t: t.sigmoid(), lambda a: 1 / (1 + np.exp(-a)))],
     "Relu": [unary(lambda t: t.relu(), lambda a: np.maximum(a, 0), away_from=[0])],
     "Gelu": [unary(lambda t: t.gelu(), lambda a: 0.5 * a * (1 + erf(a / np.sqrt(2)))),

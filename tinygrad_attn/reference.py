@@ -163,26 +163,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def gelu(x, approximate="none"):
-    """x * Phi(x), Phi the standard normal CDF; approximate="tanh" uses
-    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    """x * Phi(x), Phi the standard normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2
+    (erfc, not 1 + erf: nothing cancels for negative x, where gelu is tiny).
 
-    Phi from erfc, for |x| / sqrt(2) = z:  Phi(x) = 1 - tail for x >= 0, tail
-    for x < 0, tail = erfc(z) / 2 = t exp(-z^2 + P(t)) / 2, t = 1 / (1 + z / 2)
-    (Numerical Recipes' erfc: fractional error below 1.2e-7, nothing cancels
-    for negative x, as in the kernel)."""
+    approximate="tanh": x/2 (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3),
+    written as x * sigmoid(2u) (the same number: (1 + tanh u)/2 = 1/(1 + e^-2u)),
+    which keeps its digits for negative x, where 1 + tanh u would cancel.
+    """
     if approximate == "tanh":
-        inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
-        return x * 0.5 * (inner.tanh() + 1)
+        u = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
+        return x * (u * 2).sigmoid()
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    z = x.abs() * (1 / math.sqrt(2))
-    t = 1 / (z * 0.5 + 1)
-    p = t * 0.0
-    for c in (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
-              0.37409196, 1.00002368, -1.26551223):
-        p = p * t + c  # Horner: P(t) = -1.26551223 + t (1.00002368 + t (... + t 0.17087277))
-    tail = t * (p - z * z).exp() * 0.5
-    return x * where(x.data >= 0, 1 - tail, tail)
+    return x * ((x * -(1 / math.sqrt(2))).erfc() * 0.5)
 
 
 def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -593,6 +593,10 @@ class Tensor:
         """tanh, elementwise."""
         return E.Tanh.apply(self)
 
+    def erfc(self):
+        """The complementary error function 1 - erf(self), elementwise."""
+        return E.Erfc.apply(self)
+
     def sigmoid(self):
         """1 / (1 + e ** -self), elementwise."""
         return E.Sigmoid.apply(self)
