@@ -2,7 +2,7 @@
 
 tests/test_ops.py gradchecks every op against finite differences and a
 numpy reference on small shapes. Here: the fused functions against the
-composite versions in `tinygrad_attn.reference` (values and gradients),
+reference versions in `tinygrad_attn.reference` (values and gradients),
 larger inputs in float32, numerical edge cases (huge logits, -inf, NaN,
 queries with no key), the dropout mask, determinism, errors, and the Numba
 set-up (cache directory, threads).
@@ -28,11 +28,11 @@ def randn(*shape, dtype=np.float64, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
 
 
-def run_both(fused, composite, arrays, seed=0):
-    """Values and input gradients of fused(*tensors) and composite(*tensors),
+def run_both(fused, reference, arrays, seed=0):
+    """Values and input gradients of fused(*tensors) and reference(*tensors),
     each run after manual_seed(seed) (so dropout draws the same key)."""
     results = []
-    for fn in (fused, composite):
+    for fn in (fused, reference):
         ts = [tg.Tensor(a.copy(), requires_grad=True) for a in arrays]
         tg.manual_seed(seed)
         out = fn(*ts)
@@ -43,8 +43,8 @@ def run_both(fused, composite, arrays, seed=0):
     return results
 
 
-def assert_same(fused, composite, arrays, rtol=1e-10, atol=1e-12, seed=0):
-    (out_f, grad_f), (out_c, grad_c) = run_both(fused, composite, arrays, seed)
+def assert_same(fused, reference, arrays, rtol=1e-10, atol=1e-12, seed=0):
+    (out_f, grad_f), (out_c, grad_c) = run_both(fused, reference, arrays, seed)
     for a, b in zip(out_f, out_c):
         np.testing.assert_allclose(a, np.broadcast_to(b, a.shape), rtol=rtol, atol=atol)
     for a, b in zip(grad_f, grad_c):
@@ -54,19 +54,19 @@ def assert_same(fused, composite, arrays, rtol=1e-10, atol=1e-12, seed=0):
             np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
 
 
-# ------------------------------------------------ fused against composite
+# ------------------------------------------------ fused against reference
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("log", [False, True])
-def test_softmax_matches_composite(axis, log):
+def test_softmax_matches_reference(axis, log):
     x = np.ascontiguousarray(randn(6, 5, 7).transpose(2, 0, 1))[:, ::2]  # strided input
-    fused, composite = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
-    assert_same(lambda t: fused(t, dim=axis), lambda t: composite(t, dim=axis), (x,))
+    fused, reference = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
+    assert_same(lambda t: fused(t, dim=axis), lambda t: reference(t, dim=axis), (x,))
 
 
 @pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
 @pytest.mark.parametrize("norm_shape", [(7,), (5, 7)])
-def test_layer_norm_matches_composite(affine, norm_shape):
+def test_layer_norm_matches_reference(affine, norm_shape):
     x = randn(3, 5, 7) * 2 + 1
     w, b = randn(*norm_shape), randn(*norm_shape)
     use_w, use_b = affine in ("both", "weight"), affine in ("both", "bias")
@@ -84,7 +84,7 @@ def test_layer_norm_matches_composite(affine, norm_shape):
 
 @pytest.mark.parametrize("x_shape", [(5,), (4, 5), (2, 3, 5)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_matches_composite(x_shape, bias):
+def test_linear_matches_reference(x_shape, bias):
     arrays = (randn(*x_shape), randn(6, 5)) + ((randn(6),) if bias else ())
     assert_same(F.linear, R.linear, arrays)
 
@@ -92,7 +92,7 @@ def test_linear_matches_composite(x_shape, bias):
 @pytest.mark.parametrize("layout", [(6, 5), (5,), (3, 5, 4), (2, 5, 3, 2)])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
-def test_cross_entropy_matches_composite(layout, reduction, smoothing):
+def test_cross_entropy_matches_reference(layout, reduction, smoothing):
     x = randn(*layout, scale=3)
     target_shape = layout[:1] + layout[2:] if len(layout) > 1 else ()
     target = rng.integers(0, 5, target_shape)
@@ -114,7 +114,7 @@ def test_cross_entropy_mean_over_no_targets_is_nan_as_in_pytorch():
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "bool-broadcast"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
-def test_attention_matches_composite(mask_kind, causal, dropout_p):
+def test_attention_matches_reference(mask_kind, causal, dropout_p):
     q, k, v = randn(2, 3, 5, 4), randn(2, 3, 6, 4), randn(2, 3, 6, 3)
     mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
             "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
@@ -142,7 +142,7 @@ def test_attention_broadcasts_key_and_value_over_heads():
     assert_same(F.scaled_dot_product_attention, R.scaled_dot_product_attention, (q, k, v))
 
 
-def test_dropout_matches_composite_with_the_same_seed():
+def test_dropout_matches_reference_with_the_same_seed():
     x = randn(3, 40, 7)
     assert_same(lambda t: F.dropout(t, 0.25), lambda t: R.dropout(t, 0.25), (x,), seed=3)
 

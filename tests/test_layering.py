@@ -19,8 +19,8 @@ LAYERS = [  # (name, paths relative to the package; a path ending in / is a fold
     ("shapes", ["shapes.py", "random.py"]),
     ("engine", ["autograd.py"]),
     ("ops", ["ops/"]),
-    ("tensor", ["tensor.py"]),
-    ("functional", ["functional.py", "reference.py", "gradcheck.py"]),
+    ("tensor", ["tensor.py", "reference.py"]),  # reference: compositions of Tensor methods
+    ("functional", ["functional.py", "gradcheck.py"]),
     ("nn", ["nn/"]),
     ("optim", ["optim/"]),
     ("tools", [""]),  # everything else: checkpoint, viz, data, models, train, cli, warmup, __init__

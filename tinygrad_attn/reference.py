@@ -1,14 +1,28 @@
-"""The composite versions of the fused functions in `functional`.
+"""The reference versions of the fused functions in `functional`, and the
+switch that runs them: `reference_ops`.
 
-Each function here is written with primitive ops only (exp, sum, matmul,
-where, ...), so every step is visible and the engine differentiates it
-with no hand-written backward. They are the readable definitions, and the
-tests' reference for the fused Numba ops that `functional` calls (same
-results up to rounding). `with tinygrad_attn.composite():` makes
-`functional`, and so every layer, run these instead, to watch each step
-of a real model in the graph (`viz.graph`) or step through it.
+Each function here is a composition of primitive ops only (matmul, exp,
+sum, div, where, ...), so every step is visible and the engine
+differentiates it with no hand-written backward. They are the readable
+definitions, and the tests' reference for the fused Numba ops that
+`functional` calls (the same results up to rounding: float64 runs agree to
+1e-15). Inside `with tinygrad_attn.reference_ops():` (or in a function
+decorated with `@tinygrad_attn.reference_ops()`) `functional`, the Tensor
+methods softmax, log_softmax and gelu, and so every layer and model run
+these instead: the graph (`viz.graph`) holds each primitive step and a
+debugger steps through the backward of each. The fused ops' own backward,
+written out in plain numpy, is `tinygrad_attn.ops.numpy_backward`.
+
+The switch is per thread (a `contextvars.ContextVar`): a thread that
+enters `reference_ops()` changes nothing for the others, and a new thread
+starts in a fresh context, with the fused ops (unless the interpreter makes
+threads inherit the context, as Python 3.14's free-threaded build does).
+Grad mode (`no_grad`), by contrast, is one process-wide flag.
 """
+import contextlib
+import contextvars
 import math
+import threading
 
 import numpy as np
 
@@ -16,6 +30,47 @@ from .ops.dropout import draw_key, keep_rule
 from .ops.kernels.random_bits import uniform_bits_numpy
 from .shapes import ShapeError, normalize_axis
 from .tensor import Tensor, where
+
+_enabled = contextvars.ContextVar("tinygrad_attn.reference_ops", default=False)
+
+
+def is_reference_ops_enabled():
+    """Whether the fused functions run their reference versions now (in this thread)."""
+    return _enabled.get()
+
+
+def set_reference_ops(enabled):
+    """True: the fused functions of `functional` (and Tensor.softmax,
+    log_softmax, gelu) run their reference versions here, every primitive op
+    in the graph; False: the fused ops (the default). For this thread;
+    returns the previous setting."""
+    previous = _enabled.get()
+    _enabled.set(bool(enabled))
+    return previous
+
+
+class reference_ops(contextlib.ContextDecorator):
+    """Run the reference versions inside: `with reference_ops():`, or as a
+    decorator, `@reference_ops()`. `reference_ops(False)` runs the fused ops
+    inside a reference region. Nests, and restores the previous setting on
+    exit, also when an exception leaves the block. Per thread (see the
+    module docstring); one instance may be entered in several threads at
+    once, and again inside itself (a decorated function that recurses)."""
+
+    def __init__(self, enabled=True):
+        self.enabled = bool(enabled)
+        self._local = threading.local()  # each thread's stack of the settings to restore
+
+    def _tokens(self):
+        return self._local.__dict__.setdefault("tokens", [])
+
+    def __enter__(self):
+        self._tokens().append(_enabled.set(self.enabled))
+        return self
+
+    def __exit__(self, *exc):
+        _enabled.reset(self._tokens().pop())
+        return False
 
 
 def linear(x, weight, bias=None):
@@ -36,9 +91,10 @@ def softmax(x, dim=-1):
 
 
 def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim`."""
+    """x_i - log sum_j exp(x_j) along `dim`, shifted by the max as in softmax."""
     normalize_axis(dim, x.ndim, "log_softmax")
-    return x - x.logsumexp(axis=dim, keepdims=True)
+    shifted = x - x.max(axis=dim, keepdims=True).detach()
+    return shifted - shifted.exp().sum(axis=dim, keepdims=True).log()
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):

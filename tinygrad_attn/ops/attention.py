@@ -1,8 +1,8 @@
 """Scaled dot-product attention as one fused op, its weights as a second, and
 self-attention on a packed projection as a third.
 
-Why fused: composed from primitive ops (`tinygrad_attn.reference.
-scaled_dot_product_attention`) attention is a matmul, a scale, a mask, a
+Why fused: composed from primitive ops (the reference version,
+`tinygrad_attn.reference.scaled_dot_product_attention`) attention is a matmul, a scale, a mask, a
 five-pass softmax, a dropout and a second matmul, each with a temporary of
 shape (..., L, S) and its own backward. The kernel does the whole chain
 for one (batch, head) matrix while it is in cache; BLAS does the products.

@@ -1,6 +1,6 @@
 """Cross-entropy of logits against integer class targets, fused with log-softmax.
 
-Why fused: the composite version (`tinygrad_attn.reference.cross_entropy`)
+Why fused: the reference version (`tinygrad_attn.reference.cross_entropy`)
 stores the full log-probability matrix, gathers from it and scatters the
 gradient back; the kernel computes logsumexp per row and never stores the
 log-probabilities, and its backward is one pass: softmax minus one-hot.

@@ -3,8 +3,8 @@
 Why fused: composed from primitive ops, softmax makes five passes over
 memory with a temporary each time (max, subtract, exp, sum, divide) and
 its backward several more; the kernel finishes each row while it is in
-cache, with an exp that vectorizes. The composite version, step by step,
-is `tinygrad_attn.reference.softmax`.
+cache, with an exp that vectorizes. The reference version, step by step
+in primitive ops, is `tinygrad_attn.reference.softmax`.
 """
 import numpy as np
 
