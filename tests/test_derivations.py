@@ -1,9 +1,10 @@
 """Every formula in docs/backprop_through_attention.md, checked numerically.
 
-Each test writes the document's formula in plain numpy, compares it with
-central differences of the forward pass, and then with what tinygrad_attn's
-own backward computes. A final test checks that every piece of code the
-document names still exists.
+Each test writes the document's formula in plain numpy (the fused ops'
+backward as the package spells it out, tinygrad_attn.ops.numpy_backward,
+where the document points), compares it with central differences of the
+forward pass, and then with what tinygrad_attn's own backward computes. A
+final test checks that every piece of code the document names still exists.
 """
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import tinygrad_attn as tg
 import tinygrad_attn.functional as F
 from tinygrad_attn import nn
+from tinygrad_attn.ops import numpy_backward as nb
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "backprop_through_attention.md"
@@ -40,11 +42,6 @@ def tg_grads(fn, *arrays):
     ts = [tg.Tensor(a.copy(), requires_grad=True) for a in inputs]
     (fn(*ts) * tg.Tensor(G)).sum().backward()
     return [t.grad.data for t in ts]
-
-
-def softmax(s):
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def close(a, b, tol=1e-7):
@@ -82,60 +79,46 @@ def test_self_attention_input_used_three_times():
 
 def test_softmax_jacobian_and_fused_vjp():
     s, g = rng.normal(size=6), rng.normal(size=6)
-    y = softmax(s)
+    y = nb.softmax_forward(s)
     J = np.diag(y) - np.outer(y, y)
-    J_num = np.stack([numerical_grad(lambda: softmax(s)[j], s) for j in range(6)])
+    J_num = np.stack([numerical_grad(lambda: nb.softmax_forward(s)[j], s) for j in range(6)])
     close(J, J_num)
     fused = y * (g - g @ y)
     close(fused, J.T @ g)
+    close(nb.softmax_backward(y, g), fused)
     S, Gy = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
-    P = softmax(S)
+    P = nb.softmax_forward(S)
     close(P * (Gy - (Gy * P).sum(-1, keepdims=True)), tg_grads(lambda t: F.softmax(t, dim=-1), S, Gy)[0])
 
 
 def test_log_softmax_vjp():
     S, G = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
     logsm = lambda: S - np.log(np.exp(S).sum(-1, keepdims=True))
-    formula = G - softmax(S) * G.sum(-1, keepdims=True)
+    formula = G - nb.softmax_forward(S) * G.sum(-1, keepdims=True)
     close(formula, numerical_grad(lambda: np.sum(G * logsm()), S))
+    close(nb.log_softmax_backward(logsm(), G), formula)
     close(formula, tg_grads(lambda t: F.log_softmax(t, dim=-1), S, G)[0])
 
 
 # 3-5. Scaling, masking, attention as a whole ----------------------------------
 
 def attention_forward(Q, K, V, mask=None):
-    S = Q @ K.T / np.sqrt(Q.shape[-1])
-    if mask is not None:
-        S = np.where(mask, -np.inf, S)  # mask: True = may NOT attend
-    return softmax(S) @ V
-
-
-def attention_backward(Q, K, V, GO, mask=None):
-    """The document's five lines."""
-    d_k = Q.shape[-1]
-    S = Q @ K.T / np.sqrt(d_k)
-    if mask is not None:
-        S = np.where(mask, -np.inf, S)
-    P = softmax(S)
-    GV = P.T @ GO
-    GP = GO @ V.T
-    GS = P * (GP - (GP * P).sum(-1, keepdims=True))
-    GQ = GS @ K / np.sqrt(d_k)
-    GK = GS.T @ Q / np.sqrt(d_k)
-    return GQ, GK, GV, GS
+    return nb.attention_forward(Q, K, V, mask)[0]
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_gradients(causal):
+    """The document's five lines: nb.attention_backward."""
     n, d_k = 4, 3
     Q, K, V, GO = (rng.normal(size=(n, d_k)) for _ in range(4))
-    mask = np.triu(np.ones((n, n), dtype=bool), k=1) if causal else None
-    GQ, GK, GV, GS = attention_backward(Q, K, V, GO, mask)
+    blocked = np.triu(np.ones((n, n), dtype=bool), k=1)
+    mask = np.where(blocked, -np.inf, 0.0) if causal else None  # added to the scores: dL/dmask = G_S
+    GQ, GK, GV, GS = nb.attention_backward(Q, K, V, GO, mask)
     L = lambda: np.sum(GO * attention_forward(Q, K, V, mask))
     for formula, x in ((GQ, Q), (GK, K), (GV, V)):
         close(formula, numerical_grad(L, x))
     if causal:
-        assert np.all(GS[mask] == 0)  # masked scores receive no gradient
+        assert np.all(GS[blocked] == 0)  # masked scores receive no gradient
     ours = tg_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), Q, K, V, GO)
     close([GQ, GK, GV], ours)
 
@@ -147,8 +130,8 @@ def test_scaling_multiplies_the_gradient():
 
 def test_additive_mask_passes_gradient_unchanged():
     S, M, G = rng.normal(size=(3, 4)), rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
-    L = lambda: np.sum(G * softmax(S + M))
-    P = softmax(S + M)
+    L = lambda: np.sum(G * nb.softmax_forward(S + M))
+    P = nb.softmax_forward(S + M)
     close(P * (G - (G * P).sum(-1, keepdims=True)), numerical_grad(L, S))
 
 
@@ -156,7 +139,7 @@ def test_attention_with_dropout_gradients():
     """O = (P * D) V: G_V = (P * D)^T G_O, G_P = (G_O V^T) * D, the rest unchanged."""
     n, d_k, p = 4, 3, 0.5
     Q, K, V, GO = (rng.normal(size=(n, d_k)) for _ in range(4))
-    P = softmax(Q @ K.T / np.sqrt(d_k))
+    P = nb.softmax_forward(Q @ K.T / np.sqrt(d_k))
     # The kernel draws D from the framework's generator: the same seed gives the same D,
     # and with V = identity the output is P * D itself.
     tg.manual_seed(7)
@@ -167,12 +150,13 @@ def test_attention_with_dropout_gradients():
     GP = (GO @ V.T) * D
     GS = P * (GP - (GP * P).sum(-1, keepdims=True))
     GQ, GK = GS @ K / np.sqrt(d_k), GS.T @ Q / np.sqrt(d_k)
-    L = lambda: np.sum(GO * ((softmax(Q @ K.T / np.sqrt(d_k)) * D) @ V))
+    L = lambda: np.sum(GO * ((nb.softmax_forward(Q @ K.T / np.sqrt(d_k)) * D) @ V))
     for formula, x in ((GQ, Q), (GK, K), (GV, V)):
         close(formula, numerical_grad(L, x))
     tg.manual_seed(7)
     ours = tg_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=p), Q, K, V, GO)
     close([GQ, GK, GV], ours)
+    close([GQ, GK, GV], list(nb.attention_backward(Q, K, V, GO, keep=D > 0, dropout_p=p)[:3]))
 
 
 def test_a_query_with_every_key_masked_gets_zero_output_and_sends_no_gradient():
@@ -183,7 +167,7 @@ def test_a_query_with_every_key_masked_gets_zero_output_and_sends_no_gradient():
     (out * tg.Tensor(GO)).sum().backward()
     assert np.all(out.data[1] == 0) and np.all(q.grad.data[1] == 0)
     # the other rows are plain masked attention, and row 1 adds nothing to dK, dV
-    GQ, GK, GV, _ = attention_backward(Q[[0, 2]], K, V, GO[[0, 2]], mask=~may_attend[[0, 2]])
+    GQ, GK, GV, _ = nb.attention_backward(Q[[0, 2]], K, V, GO[[0, 2]], attn_mask=may_attend[[0, 2]])
     close([GQ, GK, GV], [q.grad.data[[0, 2]], k.grad.data, v.grad.data])
 
 
@@ -213,7 +197,7 @@ def test_multi_head_split_concat_and_output_projection():
     GZ = GY @ WO.T                                 # then split into the 8 heads
     GWQ_heads = []
     for i, (q, k, v) in enumerate(zip(heads(WQ), heads(WK), heads(WV))):
-        GQi, _, _, _ = attention_backward(X @ q, X @ k, X @ v, GZ[:, i * d_h:(i + 1) * d_h])
+        GQi, _, _, _ = nb.attention_backward(X @ q, X @ k, X @ v, GZ[:, i * d_h:(i + 1) * d_h])
         GWQ_heads.append(X.T @ GQi)
     close(np.concatenate(GWQ_heads, axis=1), numerical_grad(L, WQ))   # concat of per-head grads
 
@@ -232,25 +216,10 @@ def test_multi_head_split_concat_and_output_projection():
 
 # 7-8. LayerNorm, residual Add & Norm ----------------------------------------
 
-def layer_norm(x, gamma, beta, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    sigma = np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
-    return gamma * (x - mu) / sigma + beta
-
-
-def layer_norm_backward(x, gamma, G, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    sigma = np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
-    xhat = (x - mu) / sigma
-    g = G * gamma
-    Gx = (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True)) / sigma
-    return Gx, (G * xhat).sum(0), G.sum(0)
-
-
 def test_layer_norm_gradients():
     x, gamma, beta, G = rng.normal(size=(3, 5)), rng.normal(size=5), rng.normal(size=5), rng.normal(size=(3, 5))
-    Gx, Gg, Gb = layer_norm_backward(x, gamma, G)
-    L = lambda: np.sum(G * layer_norm(x, gamma, beta))
+    Gx, Gg, Gb = nb.layer_norm_backward(x, gamma, G)
+    L = lambda: np.sum(G * nb.layer_norm_forward(x, gamma, beta))
     close(Gx, numerical_grad(L, x))
     close(Gg, numerical_grad(L, gamma))
     close(Gb, numerical_grad(L, beta))
@@ -263,8 +232,8 @@ def test_residual_add_and_norm():
     x, W = rng.normal(size=(3, 4)), rng.normal(size=(4, 4))
     gamma, beta, G = np.ones(4), np.zeros(4), rng.normal(size=(3, 4))
     sub = lambda: np.tanh(x @ W)
-    L = lambda: np.sum(G * layer_norm(x + sub(), gamma, beta))
-    Gz, _, _ = layer_norm_backward(x + sub(), gamma, G)
+    L = lambda: np.sum(G * nb.layer_norm_forward(x + sub(), gamma, beta))
+    Gz, _, _ = nb.layer_norm_backward(x + sub(), gamma, G)
     Gx = Gz + (Gz * (1 - sub() ** 2)) @ W.T        # G_z + J_sublayer^T G_z
     close(Gx, numerical_grad(L, x))
 
@@ -286,11 +255,12 @@ def test_cross_entropy_gradient_is_p_minus_target(smoothing):
     q = np.zeros((N, C))
     q[valid, t[valid]] = 1
     q = (1 - smoothing) * q + smoothing / C
-    formula = (softmax(z) - q) * valid[:, None] / valid.sum()
+    formula = (nb.softmax_forward(z) - q) * valid[:, None] / valid.sum()
     close(formula, numerical_grad(loss, z))
     zt = tg.Tensor(z.copy(), requires_grad=True)
     F.cross_entropy(zt, tg.Tensor(t), label_smoothing=smoothing).backward()
     close(formula, zt.grad.data)
+    close(formula, nb.cross_entropy_backward(z, t, 1.0, label_smoothing=smoothing))
 
 
 # 10-11. Positional encoding, embedding ----------------------------------------
@@ -317,6 +287,7 @@ def test_embedding_backward_is_a_scatter_add():
         GW[r] += G[p]
     close(GW, numerical_grad(lambda: np.sum(G * W[tokens]), W))
     close(GW, tg_grads(lambda w: F.embedding(tg.Tensor(tokens), w), W, G)[0])
+    close(GW, nb.embedding_backward(tokens, G, 5))
 
 
 # The document names real code ---------------------------------------------------

@@ -110,6 +110,12 @@ def test_the_check_sees_upward_imports_even_inside_functions(tmp_path, monkeypat
     assert expected in upward_imports()
 
 
+def test_the_numpy_backward_reads_alone():
+    """ops/numpy_backward.py is plain numpy on arrays: it imports nothing of
+    the framework (not even the kernels), so a reader needs no other file."""
+    assert list(imported_modules("ops/numpy_backward.py")) == []
+
+
 def test_op_classes_do_not_share_names_with_layers():
     """grad_fn=<...> and tracebacks name an op; it must not read as an nn layer."""
     from tinygrad_attn import nn

@@ -88,6 +88,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     With `padding_idx`, the positions holding that index give no gradient to
     its row (as in PyTorch). max_norm, scale_grad_by_freq and sparse are not
     implemented (NotImplementedError unless left at their defaults).
+    The backward, a scatter-add into the rows: readable version
+    tinygrad_attn.ops.numpy_backward.embedding_backward.
     """
     _embedding_unsupported("embedding", max_norm, scale_grad_by_freq, sparse)
     idx = input.data if isinstance(input, Tensor) else np.asarray(input)

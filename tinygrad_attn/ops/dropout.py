@@ -46,6 +46,7 @@ class DropoutOp(Function):
 
     `seed` fixes the mask (a 32-bit key); by default a key is drawn from
     the framework's generator at each call.
+    Readable version: tinygrad_attn.ops.numpy_backward.dropout_backward.
     """
 
     @staticmethod

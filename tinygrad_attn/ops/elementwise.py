@@ -267,7 +267,7 @@ class Gelu(Function):
 
     Why a kernel (kernels/activations.py): each formula is one vectorized
     pass there, where numpy needs a temporary per term and a scalar erf call
-    per element.
+    per element. Readable version: tinygrad_attn.ops.numpy_backward.gelu_backward.
     """
 
     @staticmethod

@@ -34,6 +34,7 @@ class CrossEntropy(Function):
         dL/dx_{r,c} = G_r * (p_c - (1 - e) [c == t_r] - e / C)
 
     Classes are on axis 1 for (N, C, d1, ...) logits, as in PyTorch.
+    Readable version: tinygrad_attn.ops.numpy_backward.cross_entropy_backward.
     """
 
     @staticmethod

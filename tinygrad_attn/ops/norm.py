@@ -25,6 +25,8 @@ class LayerNormOp(Function):
 
         dL/dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
         dL/dw = sum over rows of g * xhat,     dL/db = sum over rows of g
+
+    Readable version: tinygrad_attn.ops.numpy_backward.layer_norm_backward.
     """
 
     @staticmethod
