@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import tinygrad_attn as tg
+from tinygrad_attn.ops import numpy_backward as nb
 
 
 def module_gradcheck(module, inputs, forward=None, **gradcheck_kwargs):
@@ -40,18 +41,6 @@ def module_gradcheck(module, inputs, forward=None, **gradcheck_kwargs):
 
 
 # ------------------------------------------------------------ numpy references
-
-def softmax_ref(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def layer_norm_ref(x, weight, bias, eps=1e-5):
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    y = (x - mean) / np.sqrt(var + eps)
-    return y * weight + (0 if bias is None else bias)
-
 
 def additive_mask_ref(key_padding_mask, attn_mask, is_causal, B, H, L, S):
     """The masks as one float array (B, H, L, S) to add to the scores,
@@ -99,7 +88,7 @@ def mha_reference(mha, query, key, value, key_padding_mask=None, attn_mask=None,
             q = query[n] @ w_q[rows].T + b[:d][rows]          # q = x W_Q^i
             k = key[n] @ w_k[rows].T + b[d:2 * d][rows]
             v = value[n] @ w_v[rows].T + b[2 * d:][rows]
-            a = softmax_ref(q @ k.T / np.sqrt(hd) + add[n, i])
+            a = nb.softmax_forward(q @ k.T / np.sqrt(hd) + add[n, i])
             weights[n, i] = a
             heads.append(a @ v)                               # Z_i: (L, hd)
         concat = np.concatenate(heads, axis=1)                # (L, H * hd)

@@ -41,3 +41,33 @@ def arrays(draw, shape, dtype=np.float64, low=-2.0, high=2.0, away_from=None, ma
 @st.composite
 def float_arrays(draw, min_dims=0, max_dims=4, **kwargs):
     return draw(arrays(draw(shapes(min_dims, max_dims)), **kwargs))
+
+
+def _mask(draw, kind, shape):
+    """None, a boolean mask (True = may attend; some rows may be fully masked) or a float one."""
+    if kind == "bool":
+        return np.random.default_rng(draw(st.integers(0, 1000))).random(shape) > 0.3
+    return draw(arrays(shape)) if kind == "float" else None
+
+
+@st.composite
+def attention_inputs(draw):
+    """q, k, v with broadcast batch axes, a mask (None, boolean or float) that
+    broadcasts, is_causal and scale (None: 1/sqrt(E))."""
+    L, S, E, Ev = (draw(st.integers(1, 4)) for _ in range(4))
+    bq, bk, bv, bm = draw(broadcast_shapes(4, max_dims=2, max_side=3))
+    q, k, v = draw(arrays(bq + (L, E))), draw(arrays(bk + (S, E))), draw(arrays(bv + (S, Ev)))
+    mask_shape = bm + (draw(st.sampled_from([1, L])), S)
+    mask = _mask(draw, draw(st.sampled_from(["none", "bool", "float"])), mask_shape)
+    return q, k, v, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))
+
+
+@st.composite
+def packed_attention_inputs(draw):
+    """qkv (B, T, 3*H*hd), H, a mask (None, boolean or float) that broadcasts
+    to (B, H, T, T), is_causal and scale."""
+    B, T, H, hd = (draw(st.integers(1, 3)) for _ in range(4))
+    qkv = draw(arrays((B, T, 3 * H * hd)))
+    mask_shape = draw(st.sampled_from([(), (B, 1), (1, H), (B, H)])) + (draw(st.sampled_from([1, T])), T)
+    mask = _mask(draw, draw(st.sampled_from(["none", "bool", "float"])), mask_shape)
+    return qkv, H, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))

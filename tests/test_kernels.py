@@ -2,7 +2,7 @@
 
 tests/test_ops.py gradchecks every op against finite differences and a
 numpy reference on small shapes. Here: the fused functions against the
-composite versions in `tinygrad_attn.reference` (values and gradients),
+reference versions in `tinygrad_attn.reference` (values and gradients),
 larger inputs in float32, numerical edge cases (huge logits, -inf, NaN,
 queries with no key), the dropout mask, determinism, errors, and the Numba
 set-up (cache directory, threads).
@@ -17,6 +17,7 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import reference as R
 from tinygrad_attn.ops import kernels
+from tinygrad_attn.ops import numpy_backward as nb
 from tinygrad_attn.ops.kernels import fastmath, numba_cache, random_bits, threads
 
 from . import references as ref
@@ -28,11 +29,11 @@ def randn(*shape, dtype=np.float64, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
 
 
-def run_both(fused, composite, arrays, seed=0):
-    """Values and input gradients of fused(*tensors) and composite(*tensors),
+def run_both(fused, reference, arrays, seed=0):
+    """Values and input gradients of fused(*tensors) and reference(*tensors),
     each run after manual_seed(seed) (so dropout draws the same key)."""
     results = []
-    for fn in (fused, composite):
+    for fn in (fused, reference):
         ts = [tg.Tensor(a.copy(), requires_grad=True) for a in arrays]
         tg.manual_seed(seed)
         out = fn(*ts)
@@ -43,8 +44,8 @@ def run_both(fused, composite, arrays, seed=0):
     return results
 
 
-def assert_same(fused, composite, arrays, rtol=1e-10, atol=1e-12, seed=0):
-    (out_f, grad_f), (out_c, grad_c) = run_both(fused, composite, arrays, seed)
+def assert_same(fused, reference, arrays, rtol=1e-10, atol=1e-12, seed=0):
+    (out_f, grad_f), (out_c, grad_c) = run_both(fused, reference, arrays, seed)
     for a, b in zip(out_f, out_c):
         np.testing.assert_allclose(a, np.broadcast_to(b, a.shape), rtol=rtol, atol=atol)
     for a, b in zip(grad_f, grad_c):
@@ -54,19 +55,19 @@ def assert_same(fused, composite, arrays, rtol=1e-10, atol=1e-12, seed=0):
             np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
 
 
-# ------------------------------------------------ fused against composite
+# ------------------------------------------------ fused against reference
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("log", [False, True])
-def test_softmax_matches_composite(axis, log):
+def test_softmax_matches_reference(axis, log):
     x = np.ascontiguousarray(randn(6, 5, 7).transpose(2, 0, 1))[:, ::2]  # strided input
-    fused, composite = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
-    assert_same(lambda t: fused(t, dim=axis), lambda t: composite(t, dim=axis), (x,))
+    fused, reference = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
+    assert_same(lambda t: fused(t, dim=axis), lambda t: reference(t, dim=axis), (x,))
 
 
 @pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
 @pytest.mark.parametrize("norm_shape", [(7,), (5, 7)])
-def test_layer_norm_matches_composite(affine, norm_shape):
+def test_layer_norm_matches_reference(affine, norm_shape):
     x = randn(3, 5, 7) * 2 + 1
     w, b = randn(*norm_shape), randn(*norm_shape)
     use_w, use_b = affine in ("both", "weight"), affine in ("both", "bias")
@@ -84,7 +85,7 @@ def test_layer_norm_matches_composite(affine, norm_shape):
 
 @pytest.mark.parametrize("x_shape", [(5,), (4, 5), (2, 3, 5)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_matches_composite(x_shape, bias):
+def test_linear_matches_reference(x_shape, bias):
     arrays = (randn(*x_shape), randn(6, 5)) + ((randn(6),) if bias else ())
     assert_same(F.linear, R.linear, arrays)
 
@@ -92,7 +93,7 @@ def test_linear_matches_composite(x_shape, bias):
 @pytest.mark.parametrize("layout", [(6, 5), (5,), (3, 5, 4), (2, 5, 3, 2)])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
-def test_cross_entropy_matches_composite(layout, reduction, smoothing):
+def test_cross_entropy_matches_reference(layout, reduction, smoothing):
     x = randn(*layout, scale=3)
     target_shape = layout[:1] + layout[2:] if len(layout) > 1 else ()
     target = rng.integers(0, 5, target_shape)
@@ -114,7 +115,7 @@ def test_cross_entropy_mean_over_no_targets_is_nan_as_in_pytorch():
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "bool-broadcast"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
-def test_attention_matches_composite(mask_kind, causal, dropout_p):
+def test_attention_matches_reference(mask_kind, causal, dropout_p):
     q, k, v = randn(2, 3, 5, 4), randn(2, 3, 6, 4), randn(2, 3, 6, 3)
     mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
             "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
@@ -142,7 +143,7 @@ def test_attention_broadcasts_key_and_value_over_heads():
     assert_same(F.scaled_dot_product_attention, R.scaled_dot_product_attention, (q, k, v))
 
 
-def test_dropout_matches_composite_with_the_same_seed():
+def test_dropout_matches_reference_with_the_same_seed():
     x = randn(3, 40, 7)
     assert_same(lambda t: F.dropout(t, 0.25), lambda t: R.dropout(t, 0.25), (x,), seed=3)
 
@@ -221,19 +222,19 @@ def test_blas_candidates_are_checked_before_use(monkeypatch):
 
 def test_float32_kernels_match_numpy_at_transformer_sizes():
     x = randn(2048, 128, dtype=np.float32, scale=3)
-    np.testing.assert_allclose(F.softmax(tg.Tensor(x), dim=-1).data, ref.softmax(x.astype(np.float64)),
+    np.testing.assert_allclose(F.softmax(tg.Tensor(x), dim=-1).data, nb.softmax_forward(x.astype(np.float64)),
                                rtol=2e-6, atol=1e-7)
     w, b = randn(128, dtype=np.float32), randn(128, dtype=np.float32)
     np.testing.assert_allclose(F.layer_norm(tg.Tensor(x), 128, tg.Tensor(w), tg.Tensor(b)).data,
-                               ref.layer_norm(x.astype(np.float64), w, b, 1), rtol=1e-4, atol=1e-5)
+                               nb.layer_norm_forward(x.astype(np.float64), w, b, 1), rtol=1e-4, atol=1e-5)
     t = rng.integers(0, 128, 2048)
     np.testing.assert_allclose(F.cross_entropy(tg.Tensor(x), t).item(),
-                               ref.cross_entropy(x.astype(np.float64), t), rtol=1e-5)
+                               nb.cross_entropy_forward(x.astype(np.float64), t), rtol=1e-5)
     q, k, v = (randn(8, 4, 64, 32, dtype=np.float32) for _ in range(3))
     out = F.scaled_dot_product_attention(tg.Tensor(q), tg.Tensor(k), tg.Tensor(v), is_causal=True)
     assert out.dtype == np.float32
-    np.testing.assert_allclose(out.data, ref.attention(*(a.astype(np.float64) for a in (q, k, v)),
-                                                       causal=True)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.data, nb.attention_forward(*(a.astype(np.float64) for a in (q, k, v)),
+                                                              is_causal=True)[0], rtol=1e-4, atol=1e-5)
 
 
 @njit(cache=True)
@@ -260,7 +261,7 @@ def test_softmax_is_stable_for_huge_logits_and_keeps_nan():
     y = F.softmax(tg.Tensor(x), dim=-1).data
     np.testing.assert_allclose(y[0], [0.5, 0, 0, 0.5])
     assert y[1, 0] == 0 and y[1, 2] == 0  # -inf gives an exact 0
-    np.testing.assert_allclose(y[1, [1, 3]], ref.softmax(np.array([0.0, 1.0])), rtol=1e-6)
+    np.testing.assert_allclose(y[1, [1, 3]], nb.softmax_forward(np.array([0.0, 1.0])), rtol=1e-6)
     assert np.isnan(y[2]).all()
     logp = F.log_softmax(tg.Tensor(x[:1]), dim=-1).data
     np.testing.assert_allclose(logp, [[-np.log(2), -2e4 - np.log(2), -1e4 - np.log(2), -np.log(2)]],

@@ -19,8 +19,8 @@ LAYERS = [  # (name, paths relative to the package; a path ending in / is a fold
     ("shapes", ["shapes.py", "random.py"]),
     ("engine", ["autograd.py"]),
     ("ops", ["ops/"]),
-    ("tensor", ["tensor.py"]),
-    ("functional", ["functional.py", "reference.py", "gradcheck.py"]),
+    ("tensor", ["tensor.py", "reference.py"]),  # reference: compositions of Tensor methods
+    ("functional", ["functional.py", "gradcheck.py"]),
     ("nn", ["nn/"]),
     ("optim", ["optim/"]),
     ("tools", [""]),  # everything else: checkpoint, viz, data, models, train, cli, warmup, __init__
@@ -108,6 +108,12 @@ def test_the_check_sees_upward_imports_even_inside_functions(tmp_path, monkeypat
     (copy / "ops" / "x.py").write_text(source)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", str(copy))
     assert expected in upward_imports()
+
+
+def test_the_numpy_backward_reads_alone():
+    """ops/numpy_backward.py is plain numpy on arrays: it imports nothing of
+    the framework (not even the kernels), so a reader needs no other file."""
+    assert list(imported_modules("ops/numpy_backward.py")) == []
 
 
 def test_op_classes_do_not_share_names_with_layers():

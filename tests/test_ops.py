@@ -21,8 +21,10 @@ from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import Function
 from tinygrad_attn.ops.dropout import DropoutOp
 
+from tinygrad_attn.ops import numpy_backward as nb
+
 from . import references as ref
-from .strategies import arrays, broadcast_shapes, shapes
+from .strategies import arrays, attention_inputs, broadcast_shapes, packed_attention_inputs, shapes
 
 
 class Case(NamedTuple):
@@ -224,8 +226,8 @@ def softmax_case(draw, log):
     axis = draw(st.integers(-max(len(shape), 1), max(len(shape), 1) - 1))
     x = draw(arrays(shape, low=-4.0, high=4.0))
     if log:
-        return Case(lambda t: F.log_softmax(t, dim=axis), lambda a: ref.log_softmax(a, axis), (x,))
-    return Case(lambda t: F.softmax(t, dim=axis), lambda a: ref.softmax(a, axis), (x,))
+        return Case(lambda t: F.log_softmax(t, dim=axis), lambda a: nb.log_softmax_forward(a, axis), (x,))
+    return Case(lambda t: F.softmax(t, dim=axis), lambda a: nb.softmax_forward(a, axis), (x,))
 
 
 @st.composite
@@ -236,7 +238,7 @@ def layer_norm_case(draw):
     norm_shape = shape[len(shape) - k:]
     x, w, b = draw(arrays(shape)), draw(arrays(norm_shape)), draw(arrays(norm_shape))
     return Case(lambda x, w, b: F.layer_norm(x, norm_shape, w, b, eps=eps),
-                lambda x, w, b: ref.layer_norm(x, w, b, k, eps), (x, w, b))
+                lambda x, w, b: nb.layer_norm_forward(x, w, b, k, eps), (x, w, b))
 
 
 @st.composite
@@ -245,8 +247,8 @@ def linear_case(draw):
     n_in, n_out = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     x, w = draw(arrays(lead + (n_in,))), draw(arrays((n_out, n_in)))
     if draw(st.booleans()):
-        return Case(lambda x, w, b: F.linear(x, w, b), ref.linear, (x, w, draw(arrays((n_out,)))))
-    return Case(lambda x, w: F.linear(x, w), ref.linear, (x, w))
+        return Case(lambda x, w, b: F.linear(x, w, b), nb.linear_forward, (x, w, draw(arrays((n_out,)))))
+    return Case(lambda x, w: F.linear(x, w), nb.linear_forward, (x, w))
 
 
 @st.composite
@@ -254,7 +256,8 @@ def dropout_case(draw):
     x = draw(arrays(draw(shapes())))
     p = draw(st.sampled_from([0.2, 0.5, 0.9, 1.0]))
     seed = draw(st.integers(0, 2**32 - 1))
-    return Case(lambda t: DropoutOp.apply(t, p=p, seed=seed), lambda a: ref.dropout(a, p, seed), (x,))
+    return Case(lambda t: DropoutOp.apply(t, p=p, seed=seed),
+                lambda a: nb.dropout_forward(a, ref.dropout_keep(a.shape, p, seed), p), (x,))
 
 
 @st.composite
@@ -277,24 +280,7 @@ def cross_entropy_case(draw):
         target.flat[0] = n_classes - 1
     kwargs = dict(ignore_index=ignore_index, label_smoothing=smoothing, reduction=reduction)
     return Case(lambda t: F.cross_entropy(t, target, **kwargs),
-                lambda a: ref.cross_entropy(a, target, **kwargs), (draw(arrays(logits_shape)),))
-
-
-@st.composite
-def attention_inputs(draw):
-    """q, k, v with broadcast batch axes, and a mask (None, boolean or float) that broadcasts."""
-    L, S, E, Ev = (draw(st.integers(1, 4)) for _ in range(4))
-    bq, bk, bv, bm = draw(broadcast_shapes(4, max_dims=2, max_side=3))
-    q, k, v = draw(arrays(bq + (L, E))), draw(arrays(bk + (S, E))), draw(arrays(bv + (S, Ev)))
-    mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
-    mask_shape = bm + (draw(st.sampled_from([1, L])), S)
-    rng = np.random.default_rng(draw(st.integers(0, 1000)))
-    mask = None
-    if mask_kind == "bool":
-        mask = rng.random(mask_shape) > 0.3  # some rows may be fully masked
-    elif mask_kind == "float":
-        mask = draw(arrays(mask_shape))
-    return q, k, v, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))
+                lambda a: nb.cross_entropy_forward(a, target, **kwargs), (draw(arrays(logits_shape)),))
 
 
 @st.composite
@@ -306,7 +292,8 @@ def attention_case(draw):
 
     def reference(*a):
         m = a[3] if len(a) > 3 else mask
-        return ref.attention(a[0], a[1], a[2], m, causal, scale, p, seed)[0]
+        keep = ref.attention_keep(a[0], a[1], a[2], m, p, seed)
+        return nb.attention_forward(a[0], a[1], a[2], m, causal, scale, keep, p)[0]
     if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
         return Case(lambda q, k, v, m: op.apply(q, k, v, m, is_causal=causal, scale=scale, dropout_p=p,
                                                 seed=seed), reference, (q, k, v, mask))
@@ -324,33 +311,22 @@ def attention_weights_case(draw):
         value = tg.Tensor(v.astype(q.dtype))
         return F.scaled_dot_product_attention(q, k, value, mask, is_causal=causal, scale=scale,
                                               need_weights=True)[1]
-    return Case(fn, lambda q, k: ref.attention(q, k, v, mask, causal, scale)[1], (q, k))
+    return Case(fn, lambda q, k: nb.attention_forward(q, k, v, mask, causal, scale)[1], (q, k))
 
 
 @st.composite
 def packed_self_attention_case(draw):
-    """qkv (B, T, 3*H*hd) and a mask (None, boolean or float) that broadcasts to (B, H, T, T)."""
-    B, T, H, hd = (draw(st.integers(1, 3)) for _ in range(4))
-    qkv = draw(arrays((B, T, 3 * H * hd)))
-    mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
-    mask_shape = draw(st.sampled_from([(), (B, 1), (1, H), (B, H)])) + (draw(st.sampled_from([1, T])), T)
-    rng = np.random.default_rng(draw(st.integers(0, 1000)))
-    mask = None
-    if mask_kind == "bool":
-        mask = rng.random(mask_shape) > 0.3  # some rows may be fully masked
-    elif mask_kind == "float":
-        mask = draw(arrays(mask_shape))
-    causal, scale = draw(st.booleans()), draw(st.sampled_from([None, 0.7]))
+    qkv, H, mask, causal, scale = draw(packed_attention_inputs())
     p = draw(st.sampled_from([0.0, 0.0, 0.4]))
     seed = draw(st.integers(0, 2**32 - 1))
     op = tg.ops.attention.PackedSelfAttention
 
     def reference(qkv, m=mask):
-        q, k, v = np.moveaxis(qkv.reshape(B, T, 3, H, hd), (2, 1), (0, 3))  # each (B, H, T, hd)
-        out = ref.attention(q, k, v, m, causal, scale, p, seed)[0]
-        return out.transpose(0, 2, 1, 3).reshape(B, T, H * hd)
+        B, T = qkv.shape[:2]
+        keep = ref.dropout_keep((B, H, T, T), p, seed)  # the weights' shape
+        return nb.packed_self_attention_forward(qkv, H, m, causal, scale, keep, p)[0]
     kwargs = dict(num_heads=H, is_causal=causal, scale=scale, dropout_p=p, seed=seed)
-    if mask_kind == "float":  # a float mask gets a gradient too
+    if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
         return Case(lambda qkv, m: op.apply(qkv, m, **kwargs), reference, (qkv, mask))
     extra = () if mask is None else (tg.Tensor(mask),)
     return Case(lambda qkv: op.apply(qkv, *extra, **kwargs), reference, (qkv,))
@@ -388,6 +364,7 @@ CASES = {
     "Log": [unary(lambda t: t.log(), np.log, low=0.1, high=3.0)],
     "Sqrt": [unary(lambda t: t.sqrt(), np.sqrt, low=0.1, high=3.0)],
     "Tanh": [unary(lambda t: t.tanh(), np.tanh)],
+    "Erfc": [unary(lambda t: t.erfc(), lambda a: 1 - erf(a))],
     "Sigmoid": [unary(lambda t: t.sigmoid(), lambda a: 1 / (1 + np.exp(-a)))],
     "Relu": [unary(lambda t: t.relu(), lambda a: np.maximum(a, 0), away_from=[0])],
     "Gelu": [unary(lambda t: t.gelu(), lambda a: 0.5 * a * (1 + erf(a / np.sqrt(2)))),

@@ -10,11 +10,11 @@ from . import functional, nn, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
 from .checkpoint import CheckpointError, load, save
-from .functional import composite, set_composite
 from .ops.kernels.threads import get_num_threads, set_num_threads
 from .gradcheck import GradcheckError, gradcheck
 from .memory import keep_freed_memory
 from .random import get_generator, manual_seed
+from .reference import is_reference_ops_enabled, reference_ops, set_reference_ops
 from .shapes import ShapeError
 from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, full, int64,
                      matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
@@ -31,5 +31,6 @@ __all__ = [
     "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
     "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "randn", "rand", "randint",
     "float32", "float64", "int64", "bool_",
-    "set_num_threads", "get_num_threads", "keep_freed_memory", "composite", "set_composite",
+    "set_num_threads", "get_num_threads", "keep_freed_memory",
+    "reference_ops", "set_reference_ops", "is_reference_ops_enabled",
 ]

@@ -2,14 +2,15 @@
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
 (linear, softmax, log_softmax, layer_norm, cross_entropy, attention,
-dropout, gelu) call fused ops backed by Numba kernels. Their composite
+dropout, gelu) call fused ops backed by Numba kernels. Their reference
 versions, written step by step with primitive ops, are in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
-the fused ones against them. Inside `with composite():` (or after
-`set_composite(True)`) these functions run the composite versions instead,
-so a whole model runs, and backpropagates, through the path you read.
+the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
+(or under `@reference_ops()`, or after `set_reference_ops(True)`) these
+functions run the reference versions instead, so a whole model runs, and
+backpropagates, through the path you read. The fused ops' backward, in
+plain numpy: `tinygrad_attn.ops.numpy_backward`.
 """
-import contextlib
 import warnings
 
 import numpy as np
@@ -23,29 +24,9 @@ from .ops.matmul import LinearOp
 from .ops.norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
 from . import reference as R
+from .reference import is_reference_ops_enabled as _reference_ops
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
-
-_composite = False
-
-
-def set_composite(enabled):
-    """True: the fused functions here run their composite versions of
-    `tinygrad_attn.reference` (every primitive op in the graph); False: the
-    fused ops (the default). Returns the previous setting."""
-    global _composite
-    previous, _composite = _composite, bool(enabled)
-    return previous
-
-
-@contextlib.contextmanager
-def composite(enabled=True):
-    """`with composite():` runs the composite versions inside (see set_composite)."""
-    previous = set_composite(enabled)
-    try:
-        yield
-    finally:
-        set_composite(previous)
 
 
 def relu(input, inplace=False):
@@ -57,9 +38,7 @@ def relu(input, inplace=False):
 def gelu(input, *, approximate="none"):
     """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
     uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    if _composite:
-        return R.gelu(input, approximate)
-    return input.gelu(approximate=approximate)
+    return input.gelu(approximate=approximate)  # Tensor.gelu runs the reference version when asked
 
 
 def sigmoid(input):
@@ -78,7 +57,7 @@ def linear(input, weight, bias=None):
     An integer input meets a float weight as in the arithmetic operators: it
     takes the weight's dtype (PyTorch raises; numpy would give float64)."""
     input, weight = _promote(input, weight)
-    if _composite:
+    if _reference_ops():
         return R.linear(input, weight, None if bias is None else _promote(bias, weight)[0])
     if bias is None:
         return LinearOp.apply(input, weight)
@@ -109,6 +88,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     With `padding_idx`, the positions holding that index give no gradient to
     its row (as in PyTorch). max_norm, scale_grad_by_freq and sparse are not
     implemented (NotImplementedError unless left at their defaults).
+    The backward, a scatter-add into the rows: readable version
+    tinygrad_attn.ops.numpy_backward.embedding_backward.
     """
     _embedding_unsupported("embedding", max_norm, scale_grad_by_freq, sparse)
     idx = input.data if isinstance(input, Tensor) else np.asarray(input)
@@ -149,7 +130,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
     applies (with its warning). `dtype` casts the input first."""
     dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
-    return R.softmax(input, dim) if _composite else Softmax.apply(input, axis=dim)
+    return R.softmax(input, dim) if _reference_ops() else Softmax.apply(input, axis=dim)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -157,7 +138,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
     `softmax`."""
     dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
-    return R.log_softmax(input, dim) if _composite else LogSoftmax.apply(input, axis=dim)
+    return R.log_softmax(input, dim) if _reference_ops() else LogSoftmax.apply(input, axis=dim)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -168,7 +149,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if k == 0 or input.shape[input.ndim - k:] != normalized_shape:
         raise ShapeError(f"layer_norm: input of shape {input.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
-    if _composite:
+    if _reference_ops():
         return R.layer_norm(input, normalized_shape, weight, bias, eps)
     dtype = input.dtype if input.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
@@ -187,7 +168,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     _no_inplace("dropout", inplace)
     if not training or p == 0:
         return input
-    return R.dropout(input, p) if _composite else DropoutOp.apply(input, p=p)
+    return R.dropout(input, p) if _reference_ops() else DropoutOp.apply(input, p=p)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -211,7 +192,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                                       + ("; use reduction=" if arg != "weight" else ""))
     logits = input
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
-    if _composite:
+    if _reference_ops():
         return R.cross_entropy(logits, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                reduction=reduction)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
@@ -253,7 +234,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     inputs = (query, key, value)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
-    if _composite:
+    if _reference_ops():
         return R.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3] if attn_mask is not None else None,
                                               dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                               need_weights=need_weights)
@@ -310,7 +291,7 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     inputs = (qkv,)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
-    if _composite:
+    if _reference_ops():
         return R.packed_self_attention(qkv, num_heads, attn_mask=inputs[1] if attn_mask is not None else None,
                                        dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                        need_weights=need_weights)

@@ -1,14 +1,28 @@
-"""The composite versions of the fused functions in `functional`.
+"""The reference versions of the fused functions in `functional`, and the
+switch that runs them: `reference_ops`.
 
-Each function here is written with primitive ops only (exp, sum, matmul,
-where, ...), so every step is visible and the engine differentiates it
-with no hand-written backward. They are the readable definitions, and the
-tests' reference for the fused Numba ops that `functional` calls (same
-results up to rounding). `with tinygrad_attn.composite():` makes
-`functional`, and so every layer, run these instead, to watch each step
-of a real model in the graph (`viz.graph`) or step through it.
+Each function here is a composition of primitive ops only (matmul, exp,
+sum, div, where, ...), so every step is visible and the engine
+differentiates it with no hand-written backward. They are the readable
+definitions, and the tests' reference for the fused Numba ops that
+`functional` calls (the same results up to rounding: float64 runs agree to
+1e-15). Inside `with tinygrad_attn.reference_ops():` (or in a function
+decorated with `@tinygrad_attn.reference_ops()`) `functional`, the Tensor
+methods softmax, log_softmax and gelu, and so every layer and model run
+these instead: the graph (`viz.graph`) holds each primitive step and a
+debugger steps through the backward of each. The fused ops' own backward,
+written out in plain numpy, is `tinygrad_attn.ops.numpy_backward`.
+
+The switch is per thread (a `contextvars.ContextVar`): a thread that
+enters `reference_ops()` changes nothing for the others, and a new thread
+starts in a fresh context, with the fused ops (unless the interpreter makes
+threads inherit the context, as Python 3.14's free-threaded build does).
+Grad mode (`no_grad`), by contrast, is one process-wide flag.
 """
+import contextlib
+import contextvars
 import math
+import threading
 
 import numpy as np
 
@@ -16,6 +30,47 @@ from .ops.dropout import draw_key, keep_rule
 from .ops.kernels.random_bits import uniform_bits_numpy
 from .shapes import ShapeError, normalize_axis
 from .tensor import Tensor, where
+
+_enabled = contextvars.ContextVar("tinygrad_attn.reference_ops", default=False)
+
+
+def is_reference_ops_enabled():
+    """Whether the fused functions run their reference versions now (in this thread)."""
+    return _enabled.get()
+
+
+def set_reference_ops(enabled):
+    """True: the fused functions of `functional` (and Tensor.softmax,
+    log_softmax, gelu) run their reference versions here, every primitive op
+    in the graph; False: the fused ops (the default). For this thread;
+    returns the previous setting."""
+    previous = _enabled.get()
+    _enabled.set(bool(enabled))
+    return previous
+
+
+class reference_ops(contextlib.ContextDecorator):
+    """Run the reference versions inside: `with reference_ops():`, or as a
+    decorator, `@reference_ops()`. `reference_ops(False)` runs the fused ops
+    inside a reference region. Nests, and restores the previous setting on
+    exit, also when an exception leaves the block. Per thread (see the
+    module docstring); one instance may be entered in several threads at
+    once, and again inside itself (a decorated function that recurses)."""
+
+    def __init__(self, enabled=True):
+        self.enabled = bool(enabled)
+        self._local = threading.local()  # each thread's stack of the settings to restore
+
+    def _tokens(self):
+        return self._local.__dict__.setdefault("tokens", [])
+
+    def __enter__(self):
+        self._tokens().append(_enabled.set(self.enabled))
+        return self
+
+    def __exit__(self, *exc):
+        _enabled.reset(self._tokens().pop())
+        return False
 
 
 def linear(x, weight, bias=None):
@@ -36,9 +91,10 @@ def softmax(x, dim=-1):
 
 
 def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim`."""
+    """x_i - log sum_j exp(x_j) along `dim`, shifted by the max as in softmax."""
     normalize_axis(dim, x.ndim, "log_softmax")
-    return x - x.logsumexp(axis=dim, keepdims=True)
+    shifted = x - x.max(axis=dim, keepdims=True).detach()
+    return shifted - shifted.exp().sum(axis=dim, keepdims=True).log()
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -163,26 +219,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def gelu(x, approximate="none"):
-    """x * Phi(x), Phi the standard normal CDF; approximate="tanh" uses
-    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    """x * Phi(x), Phi the standard normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2
+    (erfc, not 1 + erf: nothing cancels for negative x, where gelu is tiny).
 
-    Phi from erfc, for |x| / sqrt(2) = z:  Phi(x) = 1 - tail for x >= 0, tail
-    for x < 0, tail = erfc(z) / 2 = t exp(-z^2 + P(t)) / 2, t = 1 / (1 + z / 2)
-    (Numerical Recipes' erfc: fractional error below 1.2e-7, nothing cancels
-    for negative x, as in the kernel)."""
+    approximate="tanh": x/2 (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3),
+    written as x * sigmoid(2u) (the same number: (1 + tanh u)/2 = 1/(1 + e^-2u)),
+    which keeps its digits for negative x, where 1 + tanh u would cancel.
+    """
     if approximate == "tanh":
-        inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
-        return x * 0.5 * (inner.tanh() + 1)
+        u = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
+        return x * (u * 2).sigmoid()
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    z = x.abs() * (1 / math.sqrt(2))
-    t = 1 / (z * 0.5 + 1)
-    p = t * 0.0
-    for c in (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
-              0.37409196, 1.00002368, -1.26551223):
-        p = p * t + c  # Horner: P(t) = -1.26551223 + t (1.00002368 + t (... + t 0.17087277))
-    tail = t * (p - z * z).exp() * 0.5
-    return x * where(x.data >= 0, 1 - tail, tail)
+    return x * ((x * -(1 / math.sqrt(2))).erfc() * 0.5)
 
 
 def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

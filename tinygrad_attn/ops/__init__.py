@@ -10,6 +10,9 @@ loss         cross_entropy                            (fused Numba kernel)
 attention    scaled dot-product attention, weights    (fused Numba kernel)
 dropout      dropout                                  (Numba kernel)
 
+numpy_backward holds no op: the backward of each fused op above written out
+in plain numpy, to read beside it (not imported here).
+
 The Numba kernels themselves live in `kernels/` and know only numpy arrays.
 """
 from . import (attention, dropout, elementwise, loss, matmul, movement, norm,  # noqa: F401

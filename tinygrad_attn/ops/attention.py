@@ -1,8 +1,8 @@
 """Scaled dot-product attention as one fused op, its weights as a second, and
 self-attention on a packed projection as a third.
 
-Why fused: composed from primitive ops (`tinygrad_attn.reference.
-scaled_dot_product_attention`) attention is a matmul, a scale, a mask, a
+Why fused: composed from primitive ops (the reference version,
+`tinygrad_attn.reference.scaled_dot_product_attention`) attention is a matmul, a scale, a mask, a
 five-pass softmax, a dropout and a second matmul, each with a temporary of
 shape (..., L, S) and its own backward. The kernel does the whole chain
 for one (batch, head) matrix while it is in cache; BLAS does the products.
@@ -141,6 +141,7 @@ class ScaledDotProductAttention(Function):
 
     Forward keeps P on ctx.weights (need_weights returns it); it has the
     batch shape of the output (q, k, v and the mask broadcast together).
+    Readable version: tinygrad_attn.ops.numpy_backward.attention_backward.
     """
 
     @staticmethod
@@ -171,6 +172,9 @@ class AttentionWeights(Function):
 
         dS = P * (G - rowsum(G * P))
         dL/dQ = scale * dS K,   dL/dK = scale * dS^T Q,   dL/dM = dS (float mask)
+
+    Readable version: tinygrad_attn.ops.numpy_backward.attention_backward
+    (its grad_weights= is this G).
     """
 
     @staticmethod
@@ -228,6 +232,7 @@ class PackedSelfAttention(Function):
     mask broadcasts to (B, H, T, T). dL/dqkv is assembled from dQ, dK and
     dV in the same packed layout: the kernel writes each head's gradients
     straight into their places.
+    Readable version: tinygrad_attn.ops.numpy_backward.packed_self_attention_backward.
     """
 
     @staticmethod

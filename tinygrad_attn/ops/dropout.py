@@ -1,6 +1,6 @@
 """Dropout with a mask computed, not stored: one pass in forward, one in backward.
 
-Why fused: the composite version (`tinygrad_attn.reference.dropout`) draws
+Why fused: the reference version (`tinygrad_attn.reference.dropout`) draws
 a float per element from numpy's generator, compares, converts and
 multiplies, four passes with temporaries; the kernel hashes each element's
 index (see kernels/random_bits.py) and multiplies in one vectorized pass. The
@@ -46,6 +46,7 @@ class DropoutOp(Function):
 
     `seed` fixes the mask (a 32-bit key); by default a key is drawn from
     the framework's generator at each call.
+    Readable version: tinygrad_attn.ops.numpy_backward.dropout_backward.
     """
 
     @staticmethod

@@ -194,6 +194,28 @@ class Tanh(Function):
         return grad * (1 - z * z)
 
 
+class Erfc(Function):
+    """z = erfc(x) = 1 - erf(x) = (2 / sqrt(pi)) * integral from x to inf of exp(-t^2) dt.
+
+    dz/dx = -(2 / sqrt(pi)) exp(-x^2)
+
+    scipy's erfc, accurate to an ulp in float32 and float64 (also in the
+    tail, where 1 - erf(x) would cancel). With it the reference GELU,
+    x * erfc(-x / sqrt 2) / 2, is the fused one to rounding.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        from scipy.special import erfc  # at the first call: importing the package imports no scipy.special
+        ctx.save_for_backward(x)
+        return erfc(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return grad * (-2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(grad.dtype, copy=False)
+
+
 class Sigmoid(Function):
     """z = 1 / (1 + e^-x).   dz/dx = z (1 - z) = e / (1 + e)^2,  e = e^-|x|.
 
@@ -245,7 +267,7 @@ class Gelu(Function):
 
     Why a kernel (kernels/activations.py): each formula is one vectorized
     pass there, where numpy needs a temporary per term and a scalar erf call
-    per element.
+    per element. Readable version: tinygrad_attn.ops.numpy_backward.gelu_backward.
     """
 
     @staticmethod

@@ -1,6 +1,6 @@
 """Cross-entropy of logits against integer class targets, fused with log-softmax.
 
-Why fused: the composite version (`tinygrad_attn.reference.cross_entropy`)
+Why fused: the reference version (`tinygrad_attn.reference.cross_entropy`)
 stores the full log-probability matrix, gathers from it and scatters the
 gradient back; the kernel computes logsumexp per row and never stores the
 log-probabilities, and its backward is one pass: softmax minus one-hot.
@@ -34,6 +34,7 @@ class CrossEntropy(Function):
         dL/dx_{r,c} = G_r * (p_c - (1 - e) [c == t_r] - e / C)
 
     Classes are on axis 1 for (N, C, d1, ...) logits, as in PyTorch.
+    Readable version: tinygrad_attn.ops.numpy_backward.cross_entropy_backward.
     """
 
     @staticmethod

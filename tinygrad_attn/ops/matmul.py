@@ -122,6 +122,7 @@ class LinearOp(Function):
     axes and the engine would then sum a stack of weight gradients); W^T is
     read transposed by BLAS, not copied; the bias is added to each block of
     the output while it is in cache.
+    Readable version: tinygrad_attn.ops.numpy_backward.linear_backward.
     """
 
     @staticmethod

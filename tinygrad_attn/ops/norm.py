@@ -4,8 +4,8 @@ Why fused: composed from primitive ops, LayerNorm is ten ops with a full
 temporary each (mean, subtract, square, mean, add eps, sqrt, divide,
 scale, shift) and twice as many in backward; the kernel does each row in
 one cache-resident pass and saves two numbers per row (mean, 1/std) for
-backward instead of the temporaries. The composite version is
-`tinygrad_attn.reference.layer_norm`.
+backward instead of the temporaries. The reference version, in primitive
+ops, is `tinygrad_attn.reference.layer_norm`.
 """
 import math
 
@@ -25,6 +25,8 @@ class LayerNormOp(Function):
 
         dL/dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
         dL/dw = sum over rows of g * xhat,     dL/db = sum over rows of g
+
+    Readable version: tinygrad_attn.ops.numpy_backward.layer_norm_backward.
     """
 
     @staticmethod

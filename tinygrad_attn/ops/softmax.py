@@ -3,8 +3,8 @@
 Why fused: composed from primitive ops, softmax makes five passes over
 memory with a temporary each time (max, subtract, exp, sum, divide) and
 its backward several more; the kernel finishes each row while it is in
-cache, with an exp that vectorizes. The composite version, step by step,
-is `tinygrad_attn.reference.softmax`.
+cache, with an exp that vectorizes. The reference version, step by step
+in primitive ops, is `tinygrad_attn.reference.softmax`.
 """
 import numpy as np
 
@@ -31,6 +31,8 @@ class Softmax(Function):
     """y = softmax(x) along `axis`:  y_i = exp(x_i - max x) / sum_j exp(x_j - max x).
 
     dL/dx_i = y_i * (g_i - sum_j g_j y_j)        (g = dL/dy, sums along the axis)
+
+    Readable version: tinygrad_attn.ops.numpy_backward.softmax_backward.
     """
 
     @staticmethod
@@ -51,6 +53,8 @@ class LogSoftmax(Function):
     """y = log_softmax(x) along `axis`:  y_i = x_i - max x - log sum_j exp(x_j - max x).
 
     dL/dx_i = g_i - exp(y_i) * sum_j g_j         (exp(y) is the softmax)
+
+    Readable version: tinygrad_attn.ops.numpy_backward.log_softmax_backward.
     """
 
     @staticmethod
