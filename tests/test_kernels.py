@@ -7,6 +7,9 @@ larger inputs in float32, numerical edge cases (huge logits, -inf, NaN,
 queries with no key), the dropout mask, determinism, errors, and the Numba
 set-up (cache directory, threads).
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -540,3 +543,38 @@ def test_gelu_kernel_matches_the_formula_in_float32_and_float64(approximate):
         # absolute error relative to the scale of y (GELU is ~x for large x)
         np.testing.assert_allclose(out.data, y, rtol=tol, atol=tol * 4)
         np.testing.assert_allclose(t.grad.data, dy, rtol=tol, atol=tol * 4)
+
+
+def test_the_fallback_blas_follows_the_thread_policy(tmp_path):
+    """scipy's BLAS (the fallback) is loaded only when it is chosen, after the
+    thread policy listed the libraries: it is listed then, gets the count an
+    earlier set_num_threads asked for, and runs on one thread inside our jobs
+    (the calling thread's and the workers')."""
+    script = """
+import numpy as np, threadpoolctl
+import tinygrad_attn as tg
+from tinygrad_attn.ops.kernels import blas, matmul, threads
+tg.set_num_threads(2)
+before = {c.filepath for c in threads._blas.controllers()}
+fallback = blas.library(prefer_numpy=False)
+after = {c.filepath: c for c in threads._blas.controllers()}
+new = [after[p] for p in after if p not in before]
+assert len(new) == 1 and new[0].get_num_threads() == 2, (before, list(after))
+local = threads._blas.local_setters()
+assert local is not None and len(local) == len(after)  # a per-thread setter for each library
+seen = []
+def spy(*args):
+    seen.append(tuple(fn(1) for fn in local))  # each setter returns what this thread had
+    return kernel(*args)
+kernel = matmul._matmul
+a, b = np.ones(600 * 700, np.float32), np.ones(700 * 700, np.float32)
+out = np.empty((1, 600, 700), np.float32)
+off = np.zeros(1, np.int64)
+threads.parallel_for(spy, 4, fallback, a, off, 700, False, b, off, 700, False, 600, 700, 700, 150, 700,
+                     np.zeros(0, np.float32), out, item_size=1 << 20, blas=True)
+assert len(seen) == 4 and set(seen) == {(1,) * len(local)}, seen
+assert np.allclose(out, 700)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

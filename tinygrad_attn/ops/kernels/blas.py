@@ -37,6 +37,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from . import threads
+
 
 # ------------------------------------------------------------- finding BLAS
 
@@ -103,7 +105,9 @@ def _choose(prefer_numpy):
     found = _numpy_blas() if prefer_numpy else None
     if found:
         return "numpy's", np.array(found, np.int64)
-    return "scipy's", np.array(_scipy_blas(), np.int64)
+    fallback = np.array(_scipy_blas(), np.int64)
+    threads.blas_library_loaded()  # scipy's library is new to the thread policy: one thread on ours too
+    return "scipy's", fallback
 
 
 def library(prefer_numpy=True):

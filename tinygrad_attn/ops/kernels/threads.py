@@ -99,6 +99,7 @@ class _BlasThreads:
         self.original = {}  # each library's thread count before set_num_threads first changed it
         self._controllers = None
         self._local = None
+        self.generation = 0  # how many times the libraries were listed again (library_loaded)
 
     def controllers(self):
         """threadpoolctl's controllers of the BLAS libraries loaded (none without threadpoolctl)."""
@@ -125,6 +126,19 @@ class _BlasThreads:
                 setters.append(fn)
             self._local = setters if setters else False
         return self._local or None
+
+    def library_loaded(self):
+        """A BLAS library was loaded after the list above was made (blas.py's
+        fallback loads scipy's): list the libraries again, and give the new
+        ones the count set_num_threads asked for."""
+        known = {id(c.dynlib) for c in self._controllers or ()}
+        self._controllers, self._local = None, None
+        self.generation += 1  # each worker sets BLAS to one thread again before its next job
+        if _num_threads is not None:
+            for controller in self.controllers():
+                if id(controller.dynlib) not in known:
+                    self.original.setdefault(id(controller), controller.get_num_threads())
+                    controller.set_num_threads(_num_threads)
 
     def on_worker(self):
         """A worker thread of ours: BLAS single-threaded on it for good."""
@@ -186,10 +200,19 @@ class _Job:
                     self.done.set()
 
 
+def blas_library_loaded():
+    """Call after loading a BLAS library: its threads follow the policy too."""
+    _blas.library_loaded()
+
+
 def _worker_loop():
-    _blas.on_worker()
+    generation = None
     while True:
-        _queue.get().work()
+        job = _queue.get()
+        if generation != _blas.generation:  # first job, or a BLAS library loaded since
+            generation = _blas.generation
+            _blas.on_worker()
+        job.work()
 
 
 def _ensure_workers(n):
