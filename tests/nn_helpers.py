@@ -1,4 +1,4 @@
-"""Helpers for the nn tests: gradcheck of a whole module, numpy references
+"""Helpers for the nn tests: gradcheck of a whole module, the ops in a graph, numpy references
 written from the seeds' formulas (a loop over heads, each with its own
 W_Q^i, W_K^i, W_V^i), and a hypothesis strategy for attention set-ups."""
 from typing import NamedTuple, Optional
@@ -190,3 +190,16 @@ def padding(B, S):
     m = np.zeros((B, S), dtype=bool)
     m[0, -2:] = True
     return m
+
+
+def ops_in_graph(out):
+    """Names of the ops that made `out`, walking its graph."""
+    seen, stack, names = set(), [out], set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or t._ctx is None:
+            continue
+        seen.add(id(t))
+        names.add(t._ctx.fn.__name__)
+        stack.extend(t._ctx.parents)
+    return names

@@ -28,6 +28,8 @@ from tinygrad_attn.models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransform
 from tinygrad_attn.ops.loss import CrossEntropy
 from tinygrad_attn.ops import numpy_backward as nb
 
+from .nn_helpers import ops_in_graph
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "backprop_through_attention.md"
 rng = np.random.default_rng(1234)
@@ -63,19 +65,6 @@ def close(a, b, tol=1e-7):
             close(x, y, tol)
         return
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
-
-
-def ops_in_graph(out):
-    """Names of the ops that made `out`, walking its graph."""
-    seen, stack, names = set(), [out], set()
-    while stack:
-        t = stack.pop()
-        if id(t) in seen or t._ctx is None:
-            continue
-        seen.add(id(t))
-        names.add(t._ctx.fn.__name__)
-        stack.extend(t._ctx.parents)
-    return names
 
 
 # Notation: the seed notes' symbols --------------------------------------------

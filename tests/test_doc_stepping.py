@@ -19,6 +19,8 @@ import tinygrad_attn as tg
 import tinygrad_attn.functional as F
 from tinygrad_attn.ops import kernels
 
+from .nn_helpers import ops_in_graph
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "backprop_through_attention.md"
 LOOPS = {getattr(k, "py_func", k).__name__ for k in kernels.KERNELS}  # the loops, by name (plain functions without JIT)
@@ -114,16 +116,6 @@ def test_the_document_names_the_debugging_switches():
 def test_reference_ops_puts_every_primitive_op_in_the_graph():
     x = tg.Tensor(np.random.default_rng(1).normal(size=(3, 4)), requires_grad=True)
     w = tg.Tensor(np.random.default_rng(2).normal(size=(5, 4)), requires_grad=True)
-
-    def ops_in_graph(out):
-        seen, stack, names = set(), [out], set()
-        while stack:
-            t = stack.pop()
-            if id(t) not in seen and t._ctx is not None:
-                seen.add(id(t))
-                names.add(t._ctx.fn.__name__)
-                stack.extend(t._ctx.parents)
-        return names
 
     fused = F.cross_entropy(F.layer_norm(F.linear(x, w), 5), np.array([0, 4, 2]))
     with tg.reference_ops():

@@ -12,25 +12,14 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import nn, optim
 
+from .nn_helpers import ops_in_graph
+
 # Every fused op; the model below calls each of them.
 FUSED = {"LinearOp", "Softmax", "LogSoftmax", "LayerNormOp", "CrossEntropy", "DropoutOp",
          "ScaledDotProductAttention", "PackedSelfAttention", "AttentionWeights", "Gelu"}
 # Some of the primitive steps the reference versions are made of.
 PRIMITIVE = {"MatMul", "Exp", "Sum", "Div", "Log", "Sqrt", "Where", "Erfc", "Sigmoid", "Mul", "Permute"}
 VOCAB, D_MODEL = 11, 16
-
-
-def ops_in_graph(out):
-    """Names of the ops that made `out`, walking its graph."""
-    seen, stack, names = set(), [out], set()
-    while stack:
-        t = stack.pop()
-        if id(t) in seen or t._ctx is None:
-            continue
-        seen.add(id(t))
-        names.add(t._ctx.fn.__name__)
-        stack.extend(t._ctx.parents)
-    return names
 
 
 class Translator(nn.Module):

@@ -304,12 +304,17 @@ def test_render_without_graphviz_is_a_clear_error(tmp_path, monkeypatch):
         viz.render(loss, str(tmp_path / "graph"))
 
 
-def test_render_pipes_dot_text_to_graphviz(tmp_path, monkeypatch):
-    # A stand-in `dot` that records its arguments and copies stdin to the -o file.
+def fake_dot(tmp_path, monkeypatch, script):
+    """Put a shell script named `dot` first on PATH: a stand-in for Graphviz."""
     fake = tmp_path / "dot"
-    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nout=$3\ncat > "$out"\n')
+    fake.write_text("#!/bin/sh\n" + script)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_render_pipes_dot_text_to_graphviz(tmp_path, monkeypatch):
+    # A stand-in `dot` that records its arguments and copies stdin to the -o file.
+    fake_dot(tmp_path, monkeypatch, 'echo "$@" > "$(dirname "$0")/args"\nout=$3\ncat > "$out"\n')
     _, loss = small_graph()
     out = viz.render(loss, str(tmp_path / "g.svg"))
     assert open(out).read() == viz.graph(loss)
@@ -317,10 +322,7 @@ def test_render_pipes_dot_text_to_graphviz(tmp_path, monkeypatch):
 
 
 def test_a_failing_graphviz_is_reported_with_its_message(tmp_path, monkeypatch):
-    fake = tmp_path / "dot"
-    fake.write_text('#!/bin/sh\necho \'Format: "xyz" not recognized\' >&2\nexit 1\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    fake_dot(tmp_path, monkeypatch, 'echo \'Format: "xyz" not recognized\' >&2\nexit 1\n')
     _, loss = small_graph()
     with pytest.raises(RuntimeError, match='could not write .*g.xyz as xyz: Format: "xyz" not recognized'):
         viz.render(loss, str(tmp_path / "g.xyz"))
