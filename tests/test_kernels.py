@@ -183,14 +183,17 @@ def test_batched_matmul_reads_transposed_views_in_place():
 def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype, monkeypatch):
     """numpy's OpenBLAS (64-bit integers) and scipy's (32-bit), on products
     that are a stack, transposed, large enough to be cut by rows, and cut
-    along the sum (k > m: a weight gradient), with and without a bias."""
+    along the sum (few rows, a long sum: a narrow layer's weight gradient),
+    with and without a bias."""
     from tinygrad_attn.ops.kernels import blas, matmul
     assert blas.library_name() == "numpy's"  # found on this machine: the fallback is not what runs
     assert not np.array_equal(blas.library(), blas.library(prefer_numpy=False))
-    assert matmul.pieces(700, 33, 9000) == (700, 2250)  # k > m: four slices of the sum
+    assert matmul.pieces(64, 300, 9000) == (64, 2250)  # few rows, a long sum: four slices of the sum
+    assert matmul.pieces(700, 33, 9000) == (175, 9000)  # enough rows: four blocks of rows, even when k > m
     assert matmul.pieces(2000, 300, 128) == (500, 128)  # m >= k: four blocks of rows
     assert matmul.pieces(30, 20, 10) == (30, 10)  # small: one piece
     cases = [((3, 4, 5), (3, 6, 5), True), ((1, 700, 9), (1, 9, 33), False), ((1, 700, 9000), (1, 9000, 3), False),
+             ((1, 64, 9000), (1, 9000, 300), False),
              ((2, 300, 2000), (2, 2000, 40), False)]
     for a_shape, b_shape, trans_b in cases:
         a, b = randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype)

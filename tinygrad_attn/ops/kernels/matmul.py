@@ -4,18 +4,23 @@ One kernel serves every product of the framework, from a stack of small
 matrices (attention heads) to one large matrix (a Linear layer over all
 tokens): the work is cut into items and `parallel_for` hands them to the
 threads, which call BLAS on one thread each (threads.py says why). A large
-product is cut along the longer of its two outer dimensions:
+product is cut
 
-- by rows, when m >= k:  out[i][r0:r1] = op(A_i)[r0:r1] @ op(B_i)  (+ bias)
-- along the sum, when k > m (a weight gradient, summed over every token):
+- by rows, when it has at least 2 * _MIN_ROWS of them:
+  out[i][r0:r1] = op(A_i)[r0:r1] @ op(B_i)  (+ bias)
+- otherwise along the sum, when that is long (the weight gradient of a
+  narrow layer, summed over every token):
   partial[i, c] = op(A_i)[:, k0:k1] @ op(B_i)[k0:k1], then out[i] = the
   sum of the partials in chunk order.
 
-Cutting the rows of a product makes every piece pack all of op(B) for
-BLAS again; cutting the sum gives each piece its own slice of both
-operands, so nothing is packed twice. How a product is cut depends on its
-shape alone, so a result never depends on the number of threads. A
-hand-written GEMM in Numba would be 2.5-5x slower than BLAS.
+Cutting the rows makes every piece pack all of op(B) for BLAS again;
+cutting the sum packs nothing twice, but writes a partial product per
+piece and adds them up on one thread after the parallel part. Measured
+on the weight gradients of W1/W2's Linear layers (2 threads), the row cut
+is 11% faster in all and 20-25% faster at 768 tokens, so rows come first.
+How a product is cut depends on its shape alone, so a result never
+depends on the number of threads. A hand-written GEMM in Numba would be
+2.5-5x slower than BLAS.
 
 Operands are read where they are: matrix i of a starts at a[a_off[i]] with
 row stride lda, so permuted views, transposed views (K^T: the flag tells
@@ -53,16 +58,17 @@ def _matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, block
         gemm(blas, trans_a, trans_b, rows, n, depth, one, a[first_a:], lda, b[first_b:], ldb, zero, flat[o:], n)
         if bias.shape[0]:  # added while the block is in cache (only when the sum is not cut)
             for r in range(rows):
+                row = flat[o + r * n:o + (r + 1) * n]  # indices from range(n): the loop vectorizes
                 for col in range(n):
-                    flat[o + r * n + col] += bias[col]
+                    row[col] += bias[col]
 
 
 def pieces(m, n, k):
     """(block_rows, chunk): how an (m, k) @ (k, n) product, m, n, k >= 1, is cut (the
     module docstring): into at most _MAX_PIECES, each at least GRAIN elements of work."""
     count = min(_MAX_PIECES, max(1, m * n * k // (MACS_PER_ELEMENT * GRAIN)))
-    if k > m:
-        return m, -(-k // min(count, max(1, k // _MIN_DEPTH)))
+    if m < 2 * _MIN_ROWS and k >= 2 * _MIN_DEPTH:
+        return m, -(-k // min(count, k // _MIN_DEPTH))
     return -(-m // min(count, max(1, m // _MIN_ROWS))), k
 
 
