@@ -34,6 +34,7 @@ Why not Numba's `prange`: a `parallel=True` kernel compiles 2-3x slower
 taking the cores that BLAS and other work need.
 """
 import contextlib
+import itertools
 import os
 import queue
 import threading
@@ -122,8 +123,10 @@ class _BlasThreads:
                 if fn is None:
                     setters = None
                     break
-                fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-                setters.append(fn)
+                # called holding the GIL (PYFUNCTYPE): the setter is a few instructions, and
+                # releasing the GIL around it would let a waking worker take it first
+                address = ctypes.cast(fn, ctypes.c_void_p).value
+                setters.append(ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_int)(address))
             self._local = setters if setters else False
         return self._local or None
 
@@ -145,17 +148,11 @@ class _BlasThreads:
         for fn in self.local_setters() or ():
             fn(1)
 
-    @contextlib.contextmanager
-    def single(self):
+    def enter(self):
+        """BLAS single-threaded on the calling thread until exit(token)."""
         local = self.local_setters()
         if local is not None:
-            previous = [fn(1) for fn in local]
-            try:
-                yield
-            finally:
-                for fn, n in zip(local, previous):
-                    fn(n)
-            return
+            return [fn(1) for fn in local]
         with self.lock:
             self.active += 1
             if self.active == 1:
@@ -163,29 +160,40 @@ class _BlasThreads:
                     self.saved[id(c)] = c.get_num_threads()
                     if self.saved[id(c)] != 1:
                         c.set_num_threads(1)
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.active -= 1
-                if self.active == 0:
-                    for c in self.controllers():
-                        if self.saved[id(c)] != 1:
-                            c.set_num_threads(self.saved[id(c)])
+        return None
+
+    def exit(self, token):
+        local = self.local_setters()
+        if local is not None:
+            for fn, n in zip(local, token):
+                fn(n)
+            return
+        with self.lock:
+            self.active -= 1
+            if self.active == 0:
+                for c in self.controllers():
+                    if self.saved[id(c)] != 1:
+                        c.set_num_threads(self.saved[id(c)])
 
 
 _blas = _BlasThreads()
 
 
 class _Job:
-    """One parallel_for call: its ranges, and a count of those not yet done."""
+    """One parallel_for call: its ranges, and a count of those done.
+
+    next() on an iterator is atomic under the GIL, so taking a range and
+    counting a finished one need no lock of their own; `done` is a lock
+    held from the start and released by whichever thread finishes the last
+    range (lighter than an Event, and released exactly once)."""
 
     def __init__(self, kernel, args, bounds):
         self.kernel, self.args, self.bounds = kernel, args, bounds
-        self.next_range = iter(range(len(bounds) - 1))  # next() is atomic under the GIL
-        self.remaining = len(bounds) - 1
-        self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.n_ranges = len(bounds) - 1
+        self.next_range = iter(range(self.n_ranges))
+        self.finished = itertools.count(1)
+        self.done = threading.Lock()
+        self.done.acquire()
         self.error = None
 
     def work(self):
@@ -194,10 +202,8 @@ class _Job:
                 self.kernel(*self.args, self.bounds[t], self.bounds[t + 1])
             except BaseException as e:  # re-raised in the calling thread
                 self.error = self.error or e
-            with self.lock:
-                self.remaining -= 1
-                if self.remaining == 0:
-                    self.done.set()
+            if next(self.finished) == self.n_ranges:
+                self.done.release()
 
 
 def blas_library_loaded():
@@ -216,6 +222,8 @@ def _worker_loop():
 
 
 def _ensure_workers(n):
+    if len(_workers) >= n:  # the usual case: no lock needed to see it
+        return
     with _workers_lock:
         while len(_workers) < n:
             t = threading.Thread(target=_worker_loop, name=f"tinygrad_attn-kernel-{len(_workers)}",
@@ -249,7 +257,8 @@ def parallel_for(kernel, n_items, *args, item_size=1, blas=False):
         return
     threads = get_num_threads()
     n_ranges = min(threads * _RANGES_PER_THREAD, n_items, n_items * item_size // GRAIN)
-    with _blas.single() if blas else contextlib.nullcontext():
+    token = _blas.enter() if blas else None
+    try:
         if n_ranges <= 1 or threads == 1:
             kernel(*args, 0, n_items)
             return
@@ -260,7 +269,10 @@ def parallel_for(kernel, n_items, *args, item_size=1, blas=False):
         for _ in range(helpers):
             _queue.put(job)
         job.work()
-        job.done.wait()
+        job.done.acquire()
+    finally:
+        if blas:
+            _blas.exit(token)
     if job.error is not None:
         raise job.error
 
