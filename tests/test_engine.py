@@ -104,6 +104,55 @@ def test_saved_arrays_are_freed_after_backward():
     assert ref() is None
 
 
+def test_an_intermediate_nobody_holds_is_freed_at_once_and_backward_still_works():
+    """The graph links op nodes, not tensors: x @ W's output, read only by
+    relu (which saves its own output), dies as soon as the expression is done,
+    as in PyTorch; the gradients are unchanged."""
+    x = Tensor(np.random.default_rng(0).standard_normal((4, 3)), requires_grad=True)
+    W = Tensor(np.random.default_rng(1).standard_normal((3, 5)), requires_grad=True)
+    outputs = []
+    real_make = tg.autograd._make_tensor
+    def make(data, requires_grad, ctx):
+        t = real_make(data, requires_grad, ctx)
+        outputs.append(weakref.ref(t))
+        return t
+    tg.autograd._make_tensor = make
+    try:
+        loss = (x @ W).relu().sum()
+    finally:
+        tg.autograd._make_tensor = real_make
+    product, relu, total = (r() for r in outputs)
+    assert product is None and relu is None and total is loss  # the graph held neither tensor
+    node = loss._ctx.parents[0]  # Sum's input is relu's node, which knows relu's shape, not its tensor
+    assert node.fn.__name__ == "Relu" and node.out_shape == (4, 5) and node.output() is None
+    loss.backward()
+    expected = (x.data.T @ ((x.data @ W.data) > 0).astype(float))
+    np.testing.assert_allclose(W.grad.data, expected)
+
+
+def test_hooks_and_retain_grad_of_intermediates_live_on_the_graph_node():
+    x = Tensor([1.0, -2.0], requires_grad=True)
+    seen = []
+    (x * 3).register_hook(lambda g: seen.append(g.tolist()))  # the tensor is dropped at once
+    kept = x * 4
+    kept.retain_grad()
+    assert kept.retains_grad and not x.retains_grad
+    dropped = x * 5
+    dropped.retain_grad()
+    loss = (kept * 2).sum() + (dropped * 2).sum()
+    del dropped  # its gradient has nowhere to go: nothing breaks
+    loss.backward()
+    assert kept.grad.tolist() == [2.0, 2.0]
+    assert x.grad.tolist() == [18.0, 18.0]
+    assert seen == []  # that hook's tensor fed nothing into loss
+    y = x * 3
+    y.register_hook(lambda g: seen.append(g.tolist()))
+    z = y.sum()
+    del y
+    z.backward()
+    assert seen == [[1.0, 1.0]]  # fired though the tensor was gone
+
+
 def test_no_grad_context_and_decorator():
     x = Tensor([1.0], requires_grad=True)
     with tg.no_grad():

@@ -24,7 +24,7 @@ EXPECTED_DOT = r'''digraph autograd {
   op0 [label="Sum", shape=box, style=filled, fillcolor="#eeeeee"];
   op0 -> t0;
   t1 -> op0 [label="x"];
-  t1 [label="{(2,) float32|data [3, 8]|grad not retained}", shape=record];
+  t1 [label="{(2,) float32|data freed|grad not retained}", shape=record];
   op1 [label="Mul", shape=box, style=filled, fillcolor="#eeeeee"];
   op1 -> t1;
   t2 -> op1 [label="x"];
@@ -106,6 +106,17 @@ def named_mlp():
 def test_dot_text_of_a_known_small_graph():
     x, loss = small_graph()
     assert viz.graph(loss, params={"x": x}) == EXPECTED_DOT
+
+
+def test_the_graph_frees_intermediates_nobody_holds_unless_told_to_keep_them():
+    """x * c is a temporary: the graph keeps its shape and dtype, not its data
+    ("data freed"); built inside keep_tensors() its values are drawn."""
+    with viz.keep_tensors():
+        x, loss = small_graph()
+    kept = viz.graph(loss, params={"x": x})
+    assert kept == EXPECTED_DOT.replace("data freed", "data [3, 8]")
+    _, loss = small_graph()
+    assert viz.graph(loss).count("data freed") == 1
 
 
 def test_cards_show_the_values_of_data():

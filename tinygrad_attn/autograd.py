@@ -13,6 +13,7 @@ times, and freeing saved arrays once a backward pass is done.
 """
 import contextlib
 import functools
+import weakref
 
 import numpy as np
 
@@ -116,21 +117,51 @@ def register_tensor_type(tensor_type, make, constant):
 # ------------------------------------------------------- Function and Context
 
 class Context:
-    """What an op remembers between its forward and its backward.
+    """What an op remembers between its forward and its backward, and the
+    graph node of the tensor it made.
 
     `save_for_backward(*arrays)` keeps arrays for backward; any other
     attribute (`ctx.axis = 1`) can be set too. `needs_input_grad[i]` tells
     backward whether input i wants a gradient, so it can skip work.
+
+    The graph links nodes, not tensors: `parents` holds, for each input,
+    the input's own Context if an op made it, else the input tensor (a
+    leaf or a constant). So the graph keeps what backward needs (the saved
+    arrays, and the output's shape and dtype) and no op output's data: an
+    intermediate tensor nobody holds any more is freed at once, as in
+    PyTorch, and a Linear layer's output that only a ReLU read costs no
+    memory until backward. A node knows its tensor through a weak reference
+    (`output()`); the hooks and retain_grad() of that tensor live here, so
+    they work after the tensor itself is gone. A node answers the questions
+    the backward walk asks a leaf tensor: requires_grad, _ctx, _hooks, and
+    (as out_shape, out_dtype: ops use ctx.shape for their own) its shape.
     """
 
-    __slots__ = ("fn", "parents", "needs_input_grad", "_saved", "_freed", "__dict__")
+    __slots__ = ("fn", "parents", "needs_input_grad", "_saved", "_freed", "out_shape", "out_dtype", "_hooks",
+                 "_retains_grad", "_output", "_kept", "__dict__")
+
+    requires_grad = True  # only an output that requires grad gets a Context
+    _ctx = property(lambda self: self)  # a node is its own op
 
     def __init__(self, fn, parents):
         self.fn = fn
-        self.parents = parents
         self.needs_input_grad = tuple(p.requires_grad for p in parents)
+        self.parents = tuple(p if p._ctx is None else p._ctx for p in parents)
         self._saved = ()
         self._freed = False
+        self._hooks = None
+        self._retains_grad = False
+        self._output = self._kept = None
+
+    def _record_output(self, tensor):
+        self.out_shape, self.out_dtype = tensor.data.shape, tensor.data.dtype
+        self._output = weakref.ref(tensor)
+        if _keep_tensors:  # viz.keep_tensors(): the graph holds its tensors, values and all
+            self._kept = tensor
+
+    def output(self):
+        """The tensor this op made, or None once nothing else holds it."""
+        return None if self._output is None else self._output()
 
     def save_for_backward(self, *arrays):
         self._saved = arrays
@@ -150,11 +181,33 @@ class Context:
 
     def release(self):
         """Free what the graph holds after backward: saved arrays, other
-        attributes, and the input tensors (whose data would otherwise live on)."""
+        attributes, and the links to the inputs."""
         self._saved = ()
         self.__dict__.clear()
         self.parents = ()
+        self._kept = None
         self._freed = True
+
+
+def node_of(tensor):
+    """The graph node of a tensor: its op's Context, or the tensor itself for a leaf."""
+    return tensor if tensor._ctx is None else tensor._ctx
+
+
+_keep_tensors = False
+
+
+@contextlib.contextmanager
+def keep_tensors():
+    """Inside, every op's output stays alive as long as the graph does (for
+    drawing every intermediate's values: viz.keep_tensors). Costs the memory
+    of every activation, as before PyTorch-style freeing."""
+    global _keep_tensors
+    prev, _keep_tensors = _keep_tensors, True
+    try:
+        yield
+    finally:
+        _keep_tensors = prev
 
 
 class Function:
@@ -209,13 +262,16 @@ class Function:
             _check_finite(data, f"{cls.__name__} (forward)")
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         out = _make_tensor(data, requires_grad, ctx if requires_grad else None)
+        if requires_grad:
+            ctx._record_output(out)
         return out, ctx
 
 
 # ------------------------------------------------------------------ backward
 
 def _topological_order(roots):
-    """Tensors reachable from `roots` that require grad, inputs before outputs.
+    """Nodes (module docstring of Context) reachable from the nodes `roots`
+    that require grad, inputs before outputs.
 
     An explicit stack instead of recursion: a chain of 100k ops is fine.
     """
@@ -276,6 +332,10 @@ def _apply_hooks(node, g, shared):
     return g
 
 
+def _shape_dtype(node):
+    return (node.shape, node.dtype) if node._ctx is None else (node.out_shape, node.out_dtype)
+
+
 def _input_gradients(ctx, g):
     """Run the op's backward on g; yield (input, its gradient) for the inputs
     that need one, each summed back to the input's shape and cast to its dtype."""
@@ -288,22 +348,25 @@ def _input_gradients(ctx, g):
     for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
         if not needs or pg is None:
             continue
+        shape, dtype = _shape_dtype(parent)
         pg = np.asarray(pg)
-        if pg.shape != parent.shape:
-            pg = unbroadcast(pg, parent.shape)
-        if pg.dtype != parent.dtype:
-            pg = pg.astype(parent.dtype)
+        if pg.shape != shape:
+            pg = unbroadcast(pg, shape)
+        if pg.dtype != dtype:
+            pg = pg.astype(dtype)
         if _anomaly_enabled:
             _check_finite(pg, f"{ctx.fn.__name__} (backward)")
         yield parent, pg
 
 
 def _walk(roots, root_grads, retain_graph, shared):
-    """The backward walk: yield (tensor, dL/dtensor) from the roots back to the
-    leaves, each tensor once, with its gradient complete and its hooks applied.
-    After the consumer has seen a tensor, its op's backward runs and adds to
-    its inputs' gradients; unless retain_graph, the op is then freed."""
+    """The backward walk: yield (node, dL/dnode) from the roots back to the
+    leaves, each node (a leaf tensor or an op's Context) once, with its
+    gradient complete and its hooks applied. After the consumer has seen a
+    node, its op's backward runs and adds to its inputs' gradients; unless
+    retain_graph, the op is then freed."""
     grads = {}
+    roots = [node_of(r) for r in roots]
     for r, g in zip(roots, root_grads):
         _accumulate(grads, id(r), g)
     for node in reversed(_topological_order(roots)):
@@ -331,20 +394,23 @@ def run_backward(roots, root_grads, retain_graph=False):
     # gradient can become a .grad without a copy only if it is none of these.
     shared = {id(g) for g in root_grads}
     for node, g in _walk(roots, root_grads, retain_graph, shared):
-        if node._ctx is None or node._retains_grad:
-            if node.grad is None:
-                node.grad = _make_tensor(_owned_copy(g, node.dtype, shared), False, None)
-            else:
-                node.grad.data += g
+        # a leaf, or an intermediate that called retain_grad() and is still held
+        tensor = node if node._ctx is None else node.output() if node._retains_grad else None
+        if tensor is None:
+            continue
+        if tensor.grad is None:
+            tensor.grad = _make_tensor(_owned_copy(g, tensor.dtype, shared), False, None)
+        else:
+            tensor.grad.data += g
 
 
 def _gradients_of(inputs, roots, root_grads, retain_graph):
     """The gradients of `inputs` (None where no gradient reaches one); no `.grad` is touched."""
-    found = {id(t): None for t in inputs}
+    found = {id(node_of(t)): None for t in inputs}
     for node, g in _walk(roots, root_grads, retain_graph, set()):
         if id(node) in found:
             found[id(node)] = g
-    return [found[id(t)] for t in inputs]
+    return [found[id(node_of(t))] for t in inputs]
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,

@@ -8,7 +8,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import autograd
-from .autograd import run_backward, _root_grad
+from .autograd import node_of, run_backward, _root_grad
 from .ops import elementwise as E
 from .ops import movement as M
 from .ops import reduce as R
@@ -213,15 +213,13 @@ class Tensor:
     card. Nothing else reads it, and copies and op results do not inherit it.
     """
 
-    __slots__ = ("data", "grad", "_requires_grad", "_ctx", "_retains_grad", "_hooks", "name",
-                 "__weakref__")
+    __slots__ = ("data", "grad", "_requires_grad", "_ctx", "_hooks", "name", "__weakref__")
     __array_ufunc__ = None  # numpy defers to our reflected operators: array + tensor -> Tensor
 
     def __init__(self, data, dtype=None, requires_grad=False):
         self.data = _to_array(data, dtype)
         self.grad = None
         self._ctx = None
-        self._retains_grad = False
         self._hooks = None
         self.name = None
         self._requires_grad = False
@@ -235,7 +233,6 @@ class Tensor:
         t.grad = None
         t._requires_grad = requires_grad
         t._ctx = ctx
-        t._retains_grad = False
         t._hooks = None
         t.name = None
         return t
@@ -383,20 +380,27 @@ class Tensor:
         return self
 
     def retain_grad(self):
-        """Keep `.grad` on this non-leaf tensor after backward."""
+        """Keep `.grad` on this non-leaf tensor after backward (a leaf keeps it anyway)."""
         if not self.requires_grad:
             raise RuntimeError("retain_grad: this tensor does not require grad")
-        self._retains_grad = True
+        if self._ctx is not None:
+            self._ctx._retains_grad = True  # the graph's node holds the flag (autograd.Context)
+
+    @property
+    def retains_grad(self):
+        """Whether this non-leaf tensor keeps its `.grad` (retain_grad() was called)."""
+        return self._ctx is not None and self._ctx._retains_grad
 
     def register_hook(self, hook):
         """Call `hook(grad)` when this tensor's gradient is computed; a
         returned tensor replaces the gradient. Returns a handle with `.remove()`."""
         if not self.requires_grad:
             raise RuntimeError("register_hook: cannot register a hook on a tensor that does not require grad")
-        if self._hooks is None:
-            self._hooks = []
-        self._hooks.append(hook)
-        hooks = self._hooks
+        node = node_of(self)  # a non-leaf's hooks live on its graph node: they run even once it is gone
+        if node._hooks is None:
+            node._hooks = []
+        node._hooks.append(hook)
+        hooks = node._hooks
 
         class _Handle:
             @staticmethod

@@ -20,6 +20,13 @@ Leaves (inputs, parameters) always keep `.grad`; an intermediate tensor keeps
 it only after `t.retain_grad()` (as in PyTorch), which `retain_grads` calls
 for every intermediate of the graph.
 
+The graph holds what backward needs, not the op outputs (autograd.Context):
+an intermediate tensor that nothing holds any more is freed, and its card
+says "data freed". To see every value, build the graph inside keep_tensors():
+
+    with viz.keep_tensors():                      # the graph keeps every op's output
+        loss = model(x)
+
 matplotlib is imported only inside `attention_heatmap`, so `import
 tinygrad_attn.viz` needs neither matplotlib nor Graphviz.
 """
@@ -33,6 +40,8 @@ import warnings
 
 import numpy as np
 
+from .autograd import keep_tensors as keep_tensors  # viz.keep_tensors(): part of viz's interface
+from .autograd import node_of
 from .tensor import Tensor
 
 # ===================================================== the autograd graph
@@ -73,27 +82,29 @@ def operand_label(op, index):
     return str(index)
 
 
-def _tensors(root):
-    """Every tensor of the graph that produced `root`, each once, root first
+def _nodes(root):
+    """Every node of the graph that produced `root` (a leaf or constant
+    tensor, or an op's Context: autograd.Context), each once, root first
     (depth first, so the order, and the DOT text, is the same on every run)."""
-    seen, stack = set(), [root]
+    seen, stack = set(), [node_of(root)]
     while stack:
-        t = stack.pop()
-        if id(t) in seen:
+        node = stack.pop()
+        if id(node) in seen:
             continue
-        seen.add(id(t))
-        yield t
-        if t._ctx is not None:
-            stack.extend(t._ctx.parents)
+        seen.add(id(node))
+        yield node
+        if node._ctx is not None:
+            stack.extend(node._ctx.parents)
 
 
 def retain_grads(root):
     """Make every intermediate tensor of `root`'s graph keep its `.grad`
     through the next backward (`t.retain_grad()` on each), so that a graph
-    drawn after `root.backward(retain_graph=True)` shows all the gradients."""
-    for t in _tensors(root):
-        if t._ctx is not None and t.requires_grad:
-            t.retain_grad()
+    drawn after `root.backward(retain_graph=True)` shows all the gradients
+    (of the intermediates still held: by you, or by keep_tensors())."""
+    for node in _nodes(root):
+        if node._ctx is not None:
+            node._retains_grad = True
 
 
 def _number(value):
@@ -132,6 +143,8 @@ def _field(text):
 
 
 def _grad_text(t, count):
+    if t is None:
+        return "grad not retained"               # a freed intermediate
     if t.grad is not None:
         return "grad " + preview(t.grad.data, count)
     if not t.requires_grad:
@@ -141,32 +154,34 @@ def _grad_text(t, count):
     return "grad not retained"                   # intermediates drop theirs unless asked
 
 
-def _tensor_fields(t, name, values, grads, count):
-    """The lines of a tensor's card, top to bottom."""
+def _tensor_fields(node, t, name, values, grads, count):
+    """The lines of a node's card, top to bottom (t: its tensor, None if freed)."""
     fields = [name] if name else []
-    fields.append(f"{t.shape if t.shape else 'scalar'} {t.dtype}")
+    shape, dtype = (node.shape, node.dtype) if node._ctx is None else (node.out_shape, node.out_dtype)
+    fields.append(f"{shape if shape else 'scalar'} {dtype}")
     if values:
-        fields.append("data " + preview(t.data, count))
+        fields.append("data freed" if t is None else "data " + preview(t.data, count))
     if grads:
         fields.append(_grad_text(t, count))
-    elif t.requires_grad:
+    elif node.requires_grad:
         fields.append("requires_grad")
     return fields
 
 
-def _default_name(t):
+def _default_name(node):
     """A leaf without a name is a "leaf" (it requires grad) or a "constant";
     an op's result is named by the op box above it."""
-    if t._ctx is not None:
+    if node._ctx is not None:
         return None
-    return "leaf" if t.requires_grad else "constant"
+    return "leaf" if node.requires_grad else "constant"
 
 
 def graph(root, params=None, rankdir="BT", values=True, grads=True, count=4):
     """Graphviz DOT text of the autograd graph that produced `root`.
 
     Each tensor is a card (a record node): its name, shape and dtype, with
-    values=True the first `count` values of `.data` and with grads=True
+    values=True the first `count` values of `.data` ("data freed" for an
+    intermediate nothing held: see keep_tensors) and with grads=True
     those of `.grad` ("grad none" before backward, "grad not retained" for an
     intermediate that did not `retain_grad()`, "no grad" for a constant).
     The name is `t.name`, or the name `params` (e.g.
@@ -193,13 +208,14 @@ def graph(root, params=None, rankdir="BT", values=True, grads=True, count=4):
              '  node [fontname="Helvetica", fontsize=10];',
              '  edge [fontname="Helvetica", fontsize=9, fontcolor="#555555"];']
     op_count = 0
-    for t in _tensors(root):
-        tid = node_id(t)
-        name = names.get(id(t)) or t.name or _default_name(t)
-        card = "|".join(_field(f) for f in _tensor_fields(t, name, values, grads, count))
-        style = ', style=filled, fillcolor="#cde4ff"' if t.is_leaf and t.requires_grad else ""
+    for node in _nodes(root):
+        tid = node_id(node)
+        t = node if node._ctx is None else node.output()  # None: an intermediate nothing held
+        name = (t is not None and (names.get(id(t)) or t.name)) or _default_name(node)
+        card = "|".join(_field(f) for f in _tensor_fields(node, t, name, values, grads, count))
+        style = ', style=filled, fillcolor="#cde4ff"' if node._ctx is None and node.requires_grad else ""
         lines.append(f'  {tid} [label="{{{card}}}", shape=record{style}];')
-        ctx = t._ctx
+        ctx = node._ctx
         if ctx is None:
             continue
         oid = f"op{op_count}"

@@ -247,14 +247,14 @@ class Relu(Function):
 
     @staticmethod
     def forward(ctx, x):
-        positive = x > 0  # the derivative as a mask: backward is one multiplication
-        ctx.save_for_backward(positive)
-        return np.maximum(x, 0)
+        z = np.maximum(x, 0)
+        ctx.save_for_backward(z)  # z > 0 where x > 0; z is what the next op (a Linear) saves anyway
+        return z
 
     @staticmethod
     def backward(ctx, grad):
-        positive, = ctx.saved_tensors
-        return grad * positive
+        z, = ctx.saved_tensors
+        return grad * (z > 0)
 
 
 class Gelu(Function):
