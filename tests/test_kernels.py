@@ -548,6 +548,29 @@ def test_gelu_kernel_matches_the_formula_in_float32_and_float64(approximate):
         np.testing.assert_allclose(t.grad.data, dy, rtol=tol, atol=tol * 4)
 
 
+def test_relu_kernel_matches_numpy_and_torch_in_float32_and_float64():
+    """Forward max(x, 0) with NaN kept and -0.0 left as torch leaves it;
+    backward gives 0 where the output is <= 0 (also where grad is NaN there)
+    and grad elsewhere (also at a NaN input), as torch's threshold_backward."""
+    import torch
+    x = np.concatenate([[-0.0, 0.0, np.nan, -np.inf, np.inf, 1e-30, -1e-30], randn(300000, scale=3)])
+    g = randn(x.size)
+    g[:3] = np.nan
+    for dtype in (np.float32, np.float64):
+        t = tg.Tensor(x.astype(dtype), requires_grad=True)
+        out = t.relu()
+        out.backward(g.astype(dtype))
+        tt = torch.tensor(x.astype(dtype), requires_grad=True)
+        ref = torch.relu(tt)
+        ref.backward(torch.tensor(g.astype(dtype)))
+        assert out.dtype == dtype and t.grad.dtype == dtype
+        np.testing.assert_array_equal(out.data, ref.detach().numpy())
+        np.testing.assert_array_equal(np.signbit(out.data), np.signbit(ref.detach().numpy()))
+        np.testing.assert_array_equal(t.grad.data, tt.grad.numpy())
+    ints = tg.Tensor(np.array([-2, 0, 3])).relu()  # other dtypes: numpy's maximum
+    assert ints.data.tolist() == [0, 0, 3]
+
+
 def test_the_fallback_blas_follows_the_thread_policy(tmp_path):
     """scipy's BLAS (the fallback) is loaded only when it is chosen, after the
     thread policy listed the libraries: it is listed then, gets the count an

@@ -243,18 +243,36 @@ class Sigmoid(Function):
 
 
 class Relu(Function):
-    """z = max(x, 0).   dz/dx = 1 where x > 0, else 0."""
+    """z = max(x, 0).   dz/dx = 1 where x > 0, else 0.
+
+    Saves z, not x or a mask: z > 0 exactly where x > 0, and z is what the
+    next op (a Linear) saves anyway, so the derivative costs no memory.
+    Floats go through one kernel pass each way (kernels/activations.py),
+    what numpy does below for other dtypes: np.maximum(x, 0), and the
+    gradient 0 where z <= 0, else grad (as torch: a NaN input passes it).
+    """
 
     @staticmethod
     def forward(ctx, x):
-        z = np.maximum(x, 0)
-        ctx.save_for_backward(z)  # z > 0 where x > 0; z is what the next op (a Linear) saves anyway
+        if x.dtype in (np.float32, np.float64):
+            flat = np.ascontiguousarray(x).reshape(-1)
+            z = np.empty_like(flat)
+            kernels.relu_forward(flat, z)
+            z = z.reshape(x.shape)
+        else:
+            z = np.maximum(x, 0)
+        ctx.save_for_backward(z)
         return z
 
     @staticmethod
     def backward(ctx, grad):
         z, = ctx.saved_tensors
-        return grad * (z > 0)
+        if z.dtype in (np.float32, np.float64) and grad.dtype == z.dtype:
+            g = np.ascontiguousarray(np.broadcast_to(grad, z.shape)).reshape(-1)
+            dx = np.empty_like(g)
+            kernels.relu_backward(z.reshape(-1), g, dx)
+            return dx.reshape(z.shape)
+        return np.where(z <= 0, 0, grad).astype(np.result_type(grad, z), copy=False)
 
 
 class Gelu(Function):

@@ -1,4 +1,6 @@
-"""GELU, forward and backward, one vectorized pass each.
+"""GELU and ReLU, forward and backward, one vectorized pass each.
+
+    relu:   y = max(x, 0),   dy/dx = 1 where y > 0, else 0
 
     exact:  y = x Phi(x),   Phi(x) = (1 + erf(x / sqrt 2)) / 2  (the normal CDF)
             dy/dx = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
@@ -108,3 +110,34 @@ def gelu_forward(x, approximate, out):
 def gelu_backward(x, grad, approximate, dx):
     """dx = grad * gelu'(x) for 1-D arrays."""
     parallel_for(_gelu_backward, x.shape[0], x, grad, approximate, dx)
+
+
+@njit(nogil=True, cache=True)
+def _relu_forward(x, out, start, stop):
+    """out[i] = max(x[i], 0) for i in [start, stop) (1-D arrays)."""
+    zero = x.dtype.type(0)
+    xs, outs = x[start:stop], out[start:stop]
+    for j in range(xs.shape[0]):
+        outs[j] = zero if xs[j] < zero else xs[j]  # NaN stays NaN, as np.maximum and torch.relu
+
+
+@njit(nogil=True, cache=True)
+def _relu_backward(y, grad, dx, start, stop):
+    """dx[i] = 0 where y[i] <= 0, else grad[i] (y: relu's output; 1-D arrays).
+    Written as torch's threshold_backward is, so a NaN input passes its gradient."""
+    zero = grad.dtype.type(0)
+    ys, gs, dxs = y[start:stop], grad[start:stop], dx[start:stop]
+    for j in range(ys.shape[0]):
+        dxs[j] = zero if ys[j] <= zero else gs[j]
+
+
+def relu_forward(x, out):
+    """out = max(x, 0) for 1-D x. Why a kernel: numpy's maximum runs on one
+    thread and writes a fresh array; this pass is shared by our threads
+    (W1's (2048, 512) ReLU: ~1.3 ms in numpy)."""
+    parallel_for(_relu_forward, x.shape[0], x, out)
+
+
+def relu_backward(y, grad, dx):
+    """dx = where(y <= 0, 0, grad) for 1-D arrays, in one pass (numpy: a mask, then a product)."""
+    parallel_for(_relu_backward, y.shape[0], y, grad, dx)
