@@ -192,6 +192,7 @@ def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype, monkeypatch):
     assert matmul.pieces(700, 33, 9000) == (175, 9000)  # enough rows: four blocks of rows, even when k > m
     assert matmul.pieces(2000, 300, 128) == (500, 128)  # m >= k: four blocks of rows
     assert matmul.pieces(30, 20, 10) == (30, 10)  # small: one piece
+    assert matmul.pieces(192, 64, 640) == (96, 640)  # work for three pieces: two (a power of two)
     cases = [((3, 4, 5), (3, 6, 5), True), ((1, 700, 9), (1, 9, 33), False), ((1, 700, 9000), (1, 9000, 3), False),
              ((1, 64, 9000), (1, 9000, 300), False),
              ((2, 300, 2000), (2, 2000, 40), False)]
@@ -509,6 +510,13 @@ def test_parallel_for_covers_every_item_once_and_reraises_errors():
     threads.parallel_for(lambda start, stop: calls.append((start, stop)), 50, item_size=threads.GRAIN)
     assert sorted(calls) == [(50 * t // len(calls), 50 * (t + 1) // len(calls)) for t in range(len(calls))]
     assert len(calls) == min(50, 4 * threads.get_num_threads())  # at most four ranges per thread
+    calls.clear()
+    tg.set_num_threads(2)
+    try:  # 3 items' worth of work on 2 threads: 2 ranges, not 3
+        threads.parallel_for(lambda start, stop: calls.append((start, stop)), 3, item_size=threads.GRAIN)
+    finally:
+        tg.set_num_threads(None)
+    assert sorted(calls) == [(0, 1), (1, 3)]
 
     def failing(start, stop):
         if start > 0:

@@ -12,6 +12,8 @@ and a few workers take them in turn. The rule, the same for every kernel:
 - at most four ranges per thread, so a thread that starts late (another
   process had its core) leaves its share to the others instead of making
   them wait: the work flows to whichever cores are free;
+- more ranges than threads come in a multiple of the threads (3 ranges
+  on 2 threads would leave one idle for a third of the job);
 - idle workers sleep on a queue; nothing spins, so nothing competes with
   the computing threads or other programs for a core.
 
@@ -257,6 +259,8 @@ def parallel_for(kernel, n_items, *args, item_size=1, blas=False):
         return
     threads = get_num_threads()
     n_ranges = min(threads * _RANGES_PER_THREAD, n_items, n_items * item_size // GRAIN)
+    if n_ranges > threads:  # a multiple of the threads: 3 ranges on 2 threads would idle one for a third
+        n_ranges -= n_ranges % threads
     token = _blas.enter() if blas else None
     try:
         if n_ranges <= 1 or threads == 1:
