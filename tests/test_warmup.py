@@ -167,7 +167,7 @@ class _FakeKernel:
 
 
 def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
-    """The helper claims kernels from the end, the main process from the start;
+    """Both processes take the kernels nobody claimed yet, in one order;
     each kernel (all its signatures) goes to exactly one of them."""
     fakes = [_FakeKernel(f"k{i}") for i in range(5)]
     calls = [(k, s) for k in fakes for s in ("f32", "f64")]
@@ -186,7 +186,7 @@ def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
     assert [k.compiled for k in fakes] == [["f32", "f64"]] * 3 + [[], []]
     assert progress == [(0, "k0"), (1, "k1"), (2, "k2"), (5, "")]
     assert not tmp_path.exists()  # the claims directory is removed
-    # the helper's side: it stops at the first kernel the main process claimed
+    # the helper's side: it skips the kernel the main process claimed
     claims = tmp_path.parent / "claims"
     claims.mkdir()
     warmup._claim(str(claims), 1)
@@ -195,7 +195,17 @@ def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
     monkeypatch.setattr(warmup, "KERNELS", tuple(fakes))
     (claims / "calls.pickle").write_bytes(__import__("pickle").dumps([(i, s) for i in range(5) for s in ("f32", "f64")]))
     warmup._helper_main(str(claims))
-    assert [k.compiled for k in fakes] == [[], []] + [["f32", "f64"]] * 3
+    assert [k.compiled for k in fakes] == [["f32", "f64"], []] + [["f32", "f64"]] * 3
+
+
+def test_the_biggest_kernels_are_compiled_first():
+    """So the two processes end together: the last kernels left are small."""
+    from tinygrad_attn.ops.kernels import activations, attention, matmul
+    calls = [(activations._relu_forward, "a"), (matmul._matmul, "b"), (attention._attention_forward, "c"),
+             (matmul._matmul, "d")]
+    order = [kernel for kernel, _ in warmup._work_order(calls)]
+    assert order == [attention._attention_forward, matmul._matmul, activations._relu_forward]
+    assert dict(warmup._work_order(calls))[matmul._matmul] == ["b", "d"]
 
 
 class _DoneProcess:

@@ -14,12 +14,14 @@ prefer to pay up front and say so:
 2. `compile_kernels(calls)` compiles them (or loads them from the cache)
    in this process, with a progress line. With `helper=True` (the `train`
    command on a cold cache, on a machine with two cores or more) a second
-   process compiles from the end of the list while this one compiles from
-   the start: Numba's compiler holds a global lock, so threads cannot share
-   the work, processes can. Each kernel goes to one process only, claimed
-   by creating a file in a private directory, so no two processes ever
-   write the same kernel's cache files (no locks on Numba's cache needed);
-   this process then waits for the helper and loads its kernels.
+   process shares the work: Numba's compiler holds a global lock, so
+   threads cannot share it, processes can. Both take the next kernel nobody
+   has claimed, the biggest first (`_work_order`), so that the last ones
+   left are small and neither process waits long for the other. Each
+   kernel goes to one process only, claimed by creating a file in a
+   private directory, so no two processes ever write the same kernel's
+   cache files (no locks on Numba's cache needed); this process then waits
+   for the helper and loads its kernels.
 3. a marker file in the cache (named after the kernels' sources, the
    Numba, Python and machine versions and a key naming the calls: the
    `train` command uses its settings) records that these calls were
@@ -141,6 +143,19 @@ def _by_kernel(calls):
     return list(grouped.items())
 
 
+def _code_size(kernel):
+    py_func = getattr(kernel, "py_func", None)
+    return len(py_func.__code__.co_code) if py_func is not None else 0
+
+
+def _work_order(calls):
+    """[(kernel, [signatures])], the biggest kernel first. Size is the length
+    of the kernel's bytecode, a stand-in for its compile time that no machine
+    changes: the two attention kernels (the longest, 1.5-2 s each here) go
+    first, the one-line loops (0.2 s) last. Ties keep the order of first use."""
+    return sorted(_by_kernel(calls), key=lambda item: -_code_size(item[0]))
+
+
 def _claim(claims, index):
     """Take kernel `index` for this process; False if the other one has it."""
     try:
@@ -165,15 +180,13 @@ def _start_helper(claims, calls):
 
 
 def _helper_main(claims):
-    """The helper process: claim kernels from the end of the list, compile them."""
+    """The helper process: compile each kernel of the list the main process has not claimed."""
     with open(os.path.join(claims, "calls.pickle"), "rb") as f:
-        kernels = _by_kernel([(KERNELS[index], signature) for index, signature in pickle.load(f)])
-    for index in reversed(range(len(kernels))):
-        if not _claim(claims, index):
-            return  # the main process got here first: the rest is its
-        kernel, signatures = kernels[index]
-        for signature in signatures:
-            kernel.compile(signature)
+        kernels = _work_order([(KERNELS[index], signature) for index, signature in pickle.load(f)])
+    for index, (kernel, signatures) in enumerate(kernels):
+        if _claim(claims, index):
+            for signature in signatures:
+                kernel.compile(signature)
 
 
 def compile_kernels(calls, progress=None, helper=False, key=None):
@@ -185,14 +198,14 @@ def compile_kernels(calls, progress=None, helper=False, key=None):
     key names the calls for `is_warm` (default: calls_key(calls))."""
     start = time.perf_counter()
     key = calls_key(calls) if key is None else key
-    kernels = _by_kernel(calls)
+    kernels = _work_order(calls)
     use_helper = helper and len(kernels) > 1 and threads._usable_cores() >= 2 and not is_warm(key)
     claims = tempfile.mkdtemp(prefix="tinygrad_attn-warmup-") if use_helper else None
     process = _start_helper(claims, calls) if use_helper else None
     try:
         for index, (kernel, signatures) in enumerate(kernels):
             if claims is not None and not _claim(claims, index):
-                break  # the helper has this one and every one after it
+                continue  # the helper has this one
             if progress is not None:
                 progress(index, len(kernels), kernel.__name__.lstrip("_"))
             for signature in signatures:
