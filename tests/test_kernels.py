@@ -396,6 +396,8 @@ def _every_kernel(threads_count):
             lambda t: t[1] @ t[2].swapaxes(-1, -2),
             lambda t: t[0].gelu(),
             lambda t: t[0].gelu(approximate="tanh"),
+            lambda t: t[0].relu(),
+            lambda t: t[0][np.arange(40000) % 1000],  # a lookup: its backward is the scatter-add kernel
         ]
         for case in cases:
             ts = [tg.Tensor(a, requires_grad=True) for a in (x, q, k, v)]
@@ -577,6 +579,22 @@ def test_relu_kernel_matches_numpy_and_torch_in_float32_and_float64():
         np.testing.assert_array_equal(t.grad.data, tt.grad.numpy())
     ints = tg.Tensor(np.array([-2, 0, 3])).relu()  # other dtypes: numpy's maximum
     assert ints.data.tolist() == [0, 0, 3]
+
+
+def test_scatter_add_kernel_matches_np_add_at():
+    """An embedding's gradient: rows repeated, negative, unused; float32 and
+    float64 (the kernel) and int (numpy's reduceat) against np.add.at."""
+    from tinygrad_attn.ops.movement import _scatter_add_rows
+    from tinygrad_attn.ops.numpy_backward import embedding_backward
+    local = np.random.default_rng(3)
+    rows = local.integers(-50, 70, (32, 64))  # 70 + 50 possible rows of a 70-row table, some never hit
+    for dtype in (np.float32, np.float64, np.int64):
+        g = (local.standard_normal((32, 64, 3, 5)) * 10).astype(dtype)
+        got = _scatter_add_rows((70, 3, 5), rows, g)
+        expected = embedding_backward(np.where(rows < 0, rows + 70, rows), g, 70)
+        assert got.dtype == dtype and got.shape == (70, 3, 5)
+        np.testing.assert_array_equal(got, expected)  # the same additions in the same order
+    assert not _scatter_add_rows((4, 2), np.zeros(0, np.int64), np.zeros((0, 2))).any()
 
 
 def test_the_fallback_blas_follows_the_thread_policy(tmp_path):

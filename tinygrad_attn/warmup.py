@@ -51,7 +51,7 @@ def training_steps(dtype=np.float32):
     Transformer step calls, with the argument types a step of any size gives
     them: an encoder-decoder with padding and causal masks, dropout and a
     label-smoothed cross-entropy; a pre-norm causal GPT block with GELU (exact
-    and tanh); attention weights; a batched product."""
+    and tanh); attention weights; a batched product; a row lookup."""
     import tinygrad_attn as tg
     from tinygrad_attn import functional as F
     from tinygrad_attn import nn
@@ -76,7 +76,9 @@ def training_steps(dtype=np.float32):
     (block(x, src_mask=causal, is_causal=True).sum() + x.gelu(approximate="tanh").sum()).backward()
     q = rand(2, 3, 4)
     _, w = F.scaled_dot_product_attention(q, q, q, need_weights=True)
-    (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()).backward()
+    table = rand(5, 4)  # an embedding's lookup: its backward is the scatter-add kernel
+    (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()
+     + table[np.array([[0, 3], [3, 1]])].sum()).backward()
     optimizer_step(dtype)
 
 

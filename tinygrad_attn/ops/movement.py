@@ -10,6 +10,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, normalize_axis, normalize_new_axis, unbroadcast
+from . import kernels
 
 
 def _check_int_dims(op, shape):
@@ -142,8 +143,9 @@ def _scatter_add_rows(shape, rows, grad):
 
     np.add.at does this one element at a time; here the rows are sorted once
     (stably, so the order of the additions is fixed) and each run of equal
-    rows is summed by one np.add.reduceat: 3.5x faster on a (768, 128)
-    gradient into 65 rows."""
+    rows is summed into its row by a kernel (kernels/scatter.py), or by one
+    np.add.reduceat for other dtypes. Readable version:
+    tinygrad_attn.ops.numpy_backward.embedding_backward."""
     rows = rows.reshape(-1)
     rows = np.where(rows < 0, rows + shape[0], rows)  # x[-1] is the last row
     width = math.prod(shape[1:])
@@ -153,7 +155,11 @@ def _scatter_add_rows(shape, rows, grad):
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
         starts = np.flatnonzero(np.diff(sorted_rows, prepend=-1))  # where each run of one row begins
-        out.reshape(shape[0], width)[sorted_rows[starts]] = np.add.reduceat(g[order], starts, axis=0)
+        if g.dtype in (np.float32, np.float64):
+            kernels.scatter_add_runs(np.ascontiguousarray(g), order, np.append(starts, rows.size),
+                                     sorted_rows[starts].astype(np.int64), out.reshape(shape[0], width))
+        else:
+            out.reshape(shape[0], width)[sorted_rows[starts]] = np.add.reduceat(g[order], starts, axis=0)
     return out
 
 

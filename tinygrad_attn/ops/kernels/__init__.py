@@ -18,6 +18,7 @@ The math:
     dropout        dropout_apply
     activations    gelu_forward, gelu_backward, relu_forward, relu_backward
     adam           adam_update (one pass of Adam / AdamW over a parameter)
+    scatter        scatter_add_runs (the gradient of a row lookup: an embedding's)
 The runtime:
     fastmath       fast-math flags and a vectorizable exp
     random_bits    the counter-based random bits of dropout
@@ -36,7 +37,7 @@ from . import numba_cache
 
 numba_cache.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
-from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, norms, softmax  # noqa: E402
+from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, norms, scatter, softmax  # noqa: E402
 from .activations import gelu_backward, gelu_forward, relu_backward, relu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import library_name as blas_name  # noqa: E402
@@ -44,6 +45,7 @@ from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa
 from .dropout import dropout_apply  # noqa: E402
 from .layernorm import layer_norm_backward, layer_norm_forward  # noqa: E402
 from .matmul import batched_matmul  # noqa: E402
+from .scatter import scatter_add_runs  # noqa: E402
 from .softmax import softmax_backward, softmax_forward  # noqa: E402
 from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402
 
@@ -52,11 +54,12 @@ KERNELS = (activations._gelu_forward, activations._gelu_backward, activations._r
            activations._relu_backward, adam._adam_update, attention._attention_forward,
            attention._attention_backward, cross_entropy._cross_entropy_forward,
            cross_entropy._cross_entropy_backward, dropout._dropout_apply, layernorm._layer_norm_forward,
-           layernorm._layer_norm_backward, matmul._matmul, norms._sum_of_squares, softmax._softmax_forward,
+           layernorm._layer_norm_backward, matmul._matmul, norms._sum_of_squares, scatter._scatter_add_runs,
+           softmax._softmax_forward,
            softmax._softmax_backward)
 
 __all__ = ["KERNELS", "attention_backward", "attention_forward", "batched_matmul", "blas_name",
            "cross_entropy_backward", "cross_entropy_forward", "dropout_apply", "gelu_backward", "gelu_forward",
            "get_num_threads", "layer_norm_backward", "layer_norm_forward", "parallel_for", "relu_backward",
-           "relu_forward", "set_num_threads",
+           "relu_forward", "scatter_add_runs", "set_num_threads",
            "softmax_backward", "softmax_forward"]
