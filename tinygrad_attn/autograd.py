@@ -199,9 +199,9 @@ _keep_tensors = False
 
 @contextlib.contextmanager
 def keep_tensors():
-    """Inside, every op's output stays alive as long as the graph does (for
+    """Inside, every op's output stays alive as long as its graph does (for
     drawing every intermediate's values: viz.keep_tensors). Costs the memory
-    of every activation, as before PyTorch-style freeing."""
+    of every op's output until backward frees the graph."""
     global _keep_tensors
     prev, _keep_tensors = _keep_tensors, True
     try:
@@ -270,8 +270,8 @@ class Function:
 # ------------------------------------------------------------------ backward
 
 def _topological_order(roots):
-    """Nodes (module docstring of Context) reachable from the nodes `roots`
-    that require grad, inputs before outputs.
+    """Nodes (an op's Context, or a leaf tensor: see Context) reachable from
+    the nodes `roots` that require grad, inputs before outputs.
 
     An explicit stack instead of recursion: a chain of 100k ops is fine.
     """
