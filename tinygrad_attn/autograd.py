@@ -194,6 +194,11 @@ def node_of(tensor):
     return tensor if tensor._ctx is None else tensor._ctx
 
 
+def node_shape_dtype(node):
+    """(shape, dtype) of a node's tensor: a leaf's own, an op's output's."""
+    return (node.shape, node.dtype) if node._ctx is None else (node.out_shape, node.out_dtype)
+
+
 _keep_tensors = False
 
 
@@ -332,10 +337,6 @@ def _apply_hooks(node, g, shared):
     return g
 
 
-def _shape_dtype(node):
-    return (node.shape, node.dtype) if node._ctx is None else (node.out_shape, node.out_dtype)
-
-
 def _input_gradients(ctx, g):
     """Run the op's backward on g; yield (input, its gradient) for the inputs
     that need one, each summed back to the input's shape and cast to its dtype."""
@@ -348,7 +349,7 @@ def _input_gradients(ctx, g):
     for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
         if not needs or pg is None:
             continue
-        shape, dtype = _shape_dtype(parent)
+        shape, dtype = node_shape_dtype(parent)
         pg = np.asarray(pg)
         if pg.shape != shape:
             pg = unbroadcast(pg, shape)

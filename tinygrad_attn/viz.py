@@ -41,7 +41,7 @@ import warnings
 import numpy as np
 
 from .autograd import keep_tensors as keep_tensors  # viz.keep_tensors(): part of viz's interface
-from .autograd import node_of
+from .autograd import node_of, node_shape_dtype
 from .tensor import Tensor
 
 # ===================================================== the autograd graph
@@ -157,7 +157,7 @@ def _grad_text(t, count):
 def _tensor_fields(node, t, name, values, grads, count):
     """The lines of a node's card, top to bottom (t: its tensor, None if freed)."""
     fields = [name] if name else []
-    shape, dtype = (node.shape, node.dtype) if node._ctx is None else (node.out_shape, node.out_dtype)
+    shape, dtype = node_shape_dtype(node)
     fields.append(f"{shape if shape else 'scalar'} {dtype}")
     if values:
         fields.append("data freed" if t is None else "data " + preview(t.data, count))
