@@ -180,14 +180,16 @@ def test_batched_matmul_reads_transposed_views_in_place():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype, monkeypatch):
-    """numpy's OpenBLAS (64-bit integers) and scipy's (32-bit), on products
-    that are a stack, transposed, large enough to be cut by rows, and cut
-    along the sum (few rows, a long sum: a narrow layer's weight gradient),
-    with and without a bias."""
+def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
+    """numpy's OpenBLAS (64-bit integers), scipy's (32-bit) and the loops (no
+    BLAS), on products that are a stack, transposed, large enough to be cut
+    by rows, and cut along the sum (few rows, a long sum: a narrow layer's
+    weight gradient), with and without a bias."""
     from tinygrad_attn.ops.kernels import blas, matmul
-    assert blas.library_name() == "numpy's"  # found on this machine: the fallback is not what runs
-    assert not np.array_equal(blas.library(), blas.library(prefer_numpy=False))
+    assert blas.library_name() == "numpy's"  # found on this machine: the fallbacks are not what runs
+    assert [blas.library_name(route) for route in blas.ROUTES] == list(blas.ROUTES)  # each one is there
+    assert not np.array_equal(blas.library(), blas.library("scipy's"))
+    assert blas.library("loops") is None  # no addresses: the loops
     assert matmul.pieces(64, 300, 9000) == (64, 2250)  # few rows, a long sum: four slices of the sum
     assert matmul.pieces(700, 33, 9000) == (175, 9000)  # enough rows: four blocks of rows, even when k > m
     assert matmul.pieces(2000, 300, 128) == (500, 128)  # m >= k: four blocks of rows
@@ -202,25 +204,51 @@ def test_gemm_works_with_numpy_and_with_the_fallback_blas(dtype, monkeypatch):
         n = b.shape[1] if trans_b else b.shape[2]
         bias = randn(n, dtype=dtype)
         expected = a @ (b.swapaxes(1, 2) if trans_b else b) + bias
-        for prefer_numpy in (True, False):
-            monkeypatch.setattr(matmul, "library", lambda prefer_numpy=prefer_numpy: blas.library(prefer_numpy))
+        for route in blas.ROUTES:
+            monkeypatch.setattr(matmul, "library", lambda route=route: blas.library(route))
             out = np.empty((count, m, n), dtype)
             offsets = lambda x: np.arange(count, dtype=np.int64) * x[0].size
             matmul.batched_matmul(a.reshape(-1), offsets(a), k, False, b.reshape(-1), offsets(b), b.shape[2],
                                   trans_b, m, n, k, out, bias)
             tol = 1e-5 if dtype == np.float32 else 1e-12  # float32 sums of 9000 terms round
             np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * np.abs(expected).max())
+    from tinygrad_attn.ops.kernels import attention  # its head products call gemm in place, strided
+    q, k, v = (randn(2, 3, 5, 4, dtype=dtype) for _ in range(3))
+    results = []
+    for route in blas.ROUTES:
+        monkeypatch.setattr(attention, "library", lambda route=route: blas.library(route))
+        ts = [tg.Tensor(x, requires_grad=True) for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(*ts, is_causal=True)
+        (out * out).sum().backward()
+        results.append([out.data] + [t.grad.data for t in ts])
+    for other in results[1:]:
+        for x, y in zip(results[0], other):
+            np.testing.assert_allclose(x, y, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
 
 
 def test_blas_candidates_are_checked_before_use(monkeypatch):
     """A BLAS whose sgemm does not multiply correctly (another integer width)
-    is not used: the next candidate, and finally scipy's, is."""
+    is not used: the next candidate, then scipy's, then (without scipy) the
+    loops are."""
+    import builtins
+
     from tinygrad_attn.ops.kernels import blas
     monkeypatch.setattr(blas, "_multiplies_correctly", lambda address, ilp64: False)
     assert blas._numpy_blas() is None
     blas._choose.cache_clear()
     try:
         assert blas.library_name() == "scipy's"
+        blas._choose.cache_clear()
+        real_import = builtins.__import__
+
+        def no_scipy(name, *args, **kwargs):
+            if name.split(".")[0] == "scipy":
+                raise ImportError(f"no module named {name!r} (hidden by the test)")
+            return real_import(name, *args, **kwargs)
+        monkeypatch.setattr(builtins, "__import__", no_scipy)
+        assert blas.library_name() == "loops" and blas.library() is None
+        with pytest.raises(ValueError, match="blas.library: route must be one of"):
+            blas.library("mkl")
     finally:
         blas._choose.cache_clear()
 
@@ -397,6 +425,7 @@ def _every_kernel(threads_count):
             lambda t: t[0].gelu(),
             lambda t: t[0].gelu(approximate="tanh"),
             lambda t: t[0].relu(),
+            lambda t: t[0].erfc(),
             lambda t: t[0][np.arange(40000) % 1000],  # a lookup: its backward is the scatter-add kernel
         ]
         for case in cases:
@@ -581,6 +610,20 @@ def test_relu_kernel_matches_numpy_and_torch_in_float32_and_float64():
     assert ints.data.tolist() == [0, 0, 3]
 
 
+def test_erfc_kernel_matches_scipy_in_float32_and_float64():
+    """libm's erfc: float32 rounded once from float64, bit-equal to scipy's
+    float32 erfc; float64 within a few ulps of scipy's (cephes), tails and
+    special values included. Other dtypes go through math.erfc to float64."""
+    from scipy.special import erfc
+    x = np.concatenate([[-0.0, 0.0, np.nan, -np.inf, np.inf, 1e-30, 9.0, 26.0, -6.0], randn(200000, scale=4)])
+    for dtype, rtol in ((np.float32, 0), (np.float64, 1e-13)):
+        got = tg.Tensor(x.astype(dtype)).erfc().data
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, erfc(x.astype(dtype)), rtol=rtol, atol=0)
+    ints = tg.Tensor(np.array([-1, 0, 2])).erfc().data
+    assert ints.dtype == np.float64 and np.allclose(ints, erfc(np.array([-1.0, 0.0, 2.0])), rtol=1e-15)
+
+
 def test_scatter_add_kernel_matches_np_add_at():
     """An embedding's gradient: rows repeated, negative, unused; float32 and
     float64 (the kernel) and int (numpy's reduceat) against np.add.at."""
@@ -597,6 +640,48 @@ def test_scatter_add_kernel_matches_np_add_at():
     assert not _scatter_add_rows((4, 2), np.zeros(0, np.int64), np.zeros((0, 2))).any()
 
 
+def test_training_needs_no_scipy():
+    """scipy is not a dependency. With it hidden from imports: a GELU encoder
+    layer trains a step, fused and in its reference twin (whose GELU is
+    erfc), the loops route multiplies, numpy_backward's GELU runs, and
+    nothing imported scipy (Numba tries, at its first compile, and does without)."""
+    script = """
+import importlib.abc, sys
+class NoScipy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "scipy":
+            raise ImportError(f"{name} is hidden by the test")
+sys.meta_path.insert(0, NoScipy())
+import numpy as np
+import tinygrad_attn as tg
+from tinygrad_attn import nn, optim
+from tinygrad_attn.ops import numpy_backward
+from tinygrad_attn.ops.kernels import blas, matmul
+layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
+opt = optim.AdamW(layer.parameters())
+losses = []
+for reference in (False, True):
+    tg.set_reference_ops(reference)
+    opt.zero_grad()
+    loss = (layer(tg.Tensor(x)) ** 2).mean()
+    loss.backward()
+    losses.append(float(loss.data))
+opt.step()
+assert abs(losses[0] - losses[1]) < 1e-5, losses
+a, b = np.ones(6 * 4, np.float32), np.ones(4 * 3, np.float32)
+out, off = np.empty((1, 6, 3), np.float32), np.zeros(1, np.int64)
+matmul._matmul(blas.library("loops"), a, off, 4, False, b, off, 3, False, 6, 3, 4, 6, 4, np.zeros(0, np.float32),
+               out, 0, 1)
+assert np.all(out == 4) and blas.library_name("scipy's") == "loops"
+assert numpy_backward.gelu_forward(np.array([-1.0, 0.0, 2.0])).shape == (3,)
+assert not any(m.split(".")[0] == "scipy" for m in sys.modules), [m for m in sys.modules if "scipy" in m]
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
 def test_the_fallback_blas_follows_the_thread_policy(tmp_path):
     """scipy's BLAS (the fallback) is loaded only when it is chosen, after the
     thread policy listed the libraries: it is listed then, gets the count an
@@ -608,7 +693,7 @@ import tinygrad_attn as tg
 from tinygrad_attn.ops.kernels import blas, matmul, threads
 tg.set_num_threads(2)
 before = {c.filepath for c in threads._blas.controllers()}
-fallback = blas.library(prefer_numpy=False)
+fallback = blas.library("scipy's")
 after = {c.filepath: c for c in threads._blas.controllers()}
 new = [after[p] for p in after if p not in before]
 assert len(new) == 1 and new[0].get_num_threads() == 2, (before, list(after))

@@ -51,7 +51,7 @@ def training_steps(dtype=np.float32):
     Transformer step calls, with the argument types a step of any size gives
     them: an encoder-decoder with padding and causal masks, dropout and a
     label-smoothed cross-entropy; a pre-norm causal GPT block with GELU (exact
-    and tanh); attention weights; a batched product; a row lookup."""
+    and tanh) and erfc (the reference GELU's); attention weights; a batched product; a row lookup."""
     import tinygrad_attn as tg
     from tinygrad_attn import functional as F
     from tinygrad_attn import nn
@@ -73,7 +73,7 @@ def training_steps(dtype=np.float32):
         block.to(dtype)
     x = rand(2, 3, 8)
     causal = nn.Transformer.generate_square_subsequent_mask(3)
-    (block(x, src_mask=causal, is_causal=True).sum() + x.gelu(approximate="tanh").sum()).backward()
+    (block(x, src_mask=causal, is_causal=True).sum() + x.gelu(approximate="tanh").sum() + x.erfc().sum()).backward()
     q = rand(2, 3, 4)
     _, w = F.scaled_dot_product_attention(q, q, q, need_weights=True)
     table = rand(5, 4)  # an embedding's lookup: its backward is the scatter-add kernel

@@ -4,6 +4,8 @@ Each op's backward multiplies the incoming gradient by the local derivative.
 Binary ops follow numpy broadcasting; their backward returns gradients of the
 broadcast shape and the engine sums them back to each input's shape.
 """
+import math
+
 import numpy as np
 
 from ..autograd import Function
@@ -199,16 +201,21 @@ class Erfc(Function):
 
     dz/dx = -(2 / sqrt(pi)) exp(-x^2)
 
-    scipy's erfc, accurate to an ulp in float32 and float64 (also in the
-    tail, where 1 - erf(x) would cancel). With it the reference GELU,
+    libm's erfc (kernels/activations.py; math.erfc per element for other
+    dtypes), accurate to an ulp in float32 and float64, also in the tail,
+    where 1 - erf(x) would cancel. With it the reference GELU,
     x * erfc(-x / sqrt 2) / 2, is the fused one to rounding.
     """
 
     @staticmethod
     def forward(ctx, x):
-        from scipy.special import erfc  # at the first call: importing the package imports no scipy.special
         ctx.save_for_backward(x)
-        return erfc(x)
+        if x.dtype in (np.float32, np.float64):
+            flat = np.ascontiguousarray(x).reshape(-1)
+            z = np.empty_like(flat)
+            kernels.erfc(flat, z)
+            return z.reshape(x.shape)
+        return np.vectorize(math.erfc, otypes=[np.float64])(x)
 
     @staticmethod
     def backward(ctx, grad):

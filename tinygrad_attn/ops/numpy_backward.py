@@ -18,7 +18,12 @@ file reads on its own.
 import math
 
 import numpy as np
-from scipy.special import erfc
+
+
+def erfc(x):
+    """1 - erf(x) per element, without cancelling in the tail: libm's erfc
+    as the Erfc op computes it (numpy has none)."""
+    return np.vectorize(math.erfc, otypes=[np.float64])(x).astype(x.dtype, copy=False)
 
 
 def _sum_to(g, shape):

@@ -16,13 +16,13 @@ The math:
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
-    activations    gelu_forward, gelu_backward, relu_forward, relu_backward
+    activations    gelu_forward, gelu_backward, relu_forward, relu_backward, erfc
     adam           adam_update (one pass of Adam / AdamW over a parameter)
     scatter        scatter_add_runs (the gradient of a row lookup: an embedding's)
 The runtime:
     fastmath       fast-math flags and a vectorizable exp
     random_bits    the counter-based random bits of dropout
-    blas           gemm on strided matrices, with the BLAS numpy uses
+    blas           gemm on strided matrices: the BLAS numpy uses, or loops
     threads        parallel_for, get_num_threads, set_num_threads: the threading policy
     numba_cache    where Numba caches the compiled kernels
 (tinygrad_attn/warmup.py compiles a training step's kernels ahead of time.)
@@ -38,7 +38,7 @@ from . import numba_cache
 numba_cache.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
 from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, norms, scatter, softmax  # noqa: E402
-from .activations import gelu_backward, gelu_forward, relu_backward, relu_forward  # noqa: E402
+from .activations import erfc, gelu_backward, gelu_forward, relu_backward, relu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import library_name as blas_name  # noqa: E402
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
@@ -50,7 +50,7 @@ from .softmax import softmax_backward, softmax_forward  # noqa: E402
 from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402
 
 # Every compiled loop (warmup.py and the tests walk them).
-KERNELS = (activations._gelu_forward, activations._gelu_backward, activations._relu_forward,
+KERNELS = (activations._erfc, activations._gelu_forward, activations._gelu_backward, activations._relu_forward,
            activations._relu_backward, adam._adam_update, attention._attention_forward,
            attention._attention_backward, cross_entropy._cross_entropy_forward,
            cross_entropy._cross_entropy_backward, dropout._dropout_apply, layernorm._layer_norm_forward,
@@ -59,7 +59,7 @@ KERNELS = (activations._gelu_forward, activations._gelu_backward, activations._r
            softmax._softmax_backward)
 
 __all__ = ["KERNELS", "attention_backward", "attention_forward", "batched_matmul", "blas_name",
-           "cross_entropy_backward", "cross_entropy_forward", "dropout_apply", "gelu_backward", "gelu_forward",
+           "cross_entropy_backward", "cross_entropy_forward", "dropout_apply", "erfc", "gelu_backward", "gelu_forward",
            "get_num_threads", "layer_norm_backward", "layer_norm_forward", "parallel_for", "relu_backward",
            "relu_forward", "scatter_add_runs", "set_num_threads",
            "softmax_backward", "softmax_forward"]

@@ -141,3 +141,18 @@ def relu_forward(x, out):
 def relu_backward(y, grad, dx):
     """dx = where(y <= 0, 0, grad) for 1-D arrays, in one pass (numpy: a mask, then a product)."""
     parallel_for(_relu_backward, y.shape[0], y, grad, dx)
+
+
+@njit(nogil=True, cache=True)
+def _erfc(x, out, start, stop):
+    """out[i] = erfc(x[i]) for i in [start, stop) (1-D arrays): libm's erfc in
+    float64, rounded once to float32 for float32 (so within half an ulp of
+    the true value, also in the tail where 1 - erf would cancel)."""
+    xs, outs = x[start:stop], out[start:stop]
+    for j in range(xs.shape[0]):
+        outs[j] = math.erfc(np.float64(xs[j]))
+
+
+def erfc(x, out):
+    """out = erfc(x) for 1-D x (the reference GELU's special function)."""
+    parallel_for(_erfc, x.shape[0], x, out)

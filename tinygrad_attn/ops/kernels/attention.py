@@ -58,7 +58,7 @@ def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, 
     for i in range(start, stop):
         p = weights[i]
         gemm(blas, False, True, L, S, E, scale, q[q_off[i]:], q_ld, k[k_off[i]:], k_ld,
-             zero, p[0], S)  # scale * Q K^T
+             zero, p.reshape(-1), S)  # scale * Q K^T
         m_i = mask[im[i]]
         for r in range(L):  # P = softmax(P + mask) row by row; rows with no key left become 0
             row = p[r]
@@ -90,7 +90,7 @@ def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, 
                     keep = uniform_bits(key, base + r * S + c) >= threshold
                     dropped[r, c] = p[r, c] * (keep_scale if keep else zero)
             p_times_d = dropped
-        gemm(blas, False, False, L, Ev, S, one, p_times_d[0], S, v[v_off[i]:], v_ld,
+        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v[v_off[i]:], v_ld,
              zero, out[out_off[i]:], out_ld)
 
 
@@ -106,7 +106,7 @@ def _attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E,
     dropped = np.empty((L, S), weights.dtype)
     for i in range(start, stop):
         p = weights[i]
-        gemm(blas, False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp[0], S)
+        gemm(blas, False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp.reshape(-1), S)
         p_times_d = p
         if keep_scale != 1:  # dP = (G V^T) * D, dV = (P * D)^T G
             base = i * L * S
@@ -116,7 +116,7 @@ def _attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E,
                     dropped[r, c] = p[r, c] * factor
                     dp[r, c] *= factor
             p_times_d = dropped
-        gemm(blas, True, False, S, Ev, L, one, p_times_d[0], S, grad[g_off[i]:], g_ld,
+        gemm(blas, True, False, S, Ev, L, one, p_times_d.reshape(-1), S, grad[g_off[i]:], g_ld,
              zero, dv[dv_off[i]:], dv_ld)
         for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
             pr, dr = p[r], dp[r]
@@ -129,8 +129,8 @@ def _attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E,
                 ds = dscores[i, r]
                 for c in range(S):  # an explicit loop: array assignment compiles slowly
                     ds[c] = dr[c]
-        gemm(blas, False, False, L, E, S, scale, dp[0], S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
-        gemm(blas, True, False, S, E, L, scale, dp[0], S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)
+        gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
+        gemm(blas, True, False, S, E, L, scale, dp.reshape(-1), S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)
 
 
 def _item_size(L, S, E, Ev, directions):

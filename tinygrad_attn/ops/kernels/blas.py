@@ -10,17 +10,24 @@ q[b, :, h, :] of a (B, T, H, E) array is multiplied in place (row stride
 H*E), and K^T is K read transposed: nothing is copied. Callers check the
 shapes: BLAS trusts them.
 
-Which BLAS (`library()`, passed to every kernel that multiplies): the one
-numpy itself loaded, as threadpoolctl reports it (OpenBLAS in numpy's
-wheels, MKL, BLIS or a system OpenBLAS), so the process has one BLAS and
-one set of BLAS threads. Its sgemm/dgemm are looked up under the names
-these libraries export, and a candidate is used only after it multiplied a
-small test product correctly through the same calling convention. If none
-qualifies (Accelerate, an unknown build), scipy's BLAS
-(scipy.linalg.cython_blas, what numba's np.dot calls) is the fallback.
+Which BLAS (`library()`, passed to every kernel that multiplies), the first
+of three routes that works:
+1. "numpy's": the BLAS numpy itself loaded, as threadpoolctl reports it
+   (OpenBLAS in numpy's wheels, MKL, BLIS or a system OpenBLAS), so the
+   process has one BLAS and one set of BLAS threads. Its sgemm/dgemm are
+   looked up under the names these libraries export, and a candidate is
+   used only after it multiplied a small test product correctly through the
+   same calling convention.
+2. "scipy's": if none qualifies (Accelerate, an unknown build) and scipy is
+   installed, scipy.linalg.cython_blas (what numba's np.dot calls).
+3. "loops": neither; `_gemm_loops`, the product written as plain loops
+   that Numba compiles (slower, but it runs anywhere).
+scipy is not a dependency: Numba itself imports scipy.linalg the first
+time it compiles or loads a kernel when scipy is installed (0.3 s and
+17 MB measured here), so a process without it starts faster and smaller.
 The function addresses travel as a kernel argument, not as symbols baked
 into the compiled code, so a cached kernel is never tied to a library that
-moved.
+moved; None in their place selects the loops.
 
 Row-major to BLAS's column-major: a row-major (m, n) matrix with row stride
 ld is the column-major (n, m) matrix of leading dimension ld, i.e. its
@@ -33,7 +40,7 @@ import os
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -100,26 +107,45 @@ def _scipy_blas():
             get_cython_function_address("scipy.linalg.cython_blas", "dgemm"), False)
 
 
+ROUTES = ("numpy's", "scipy's", "loops")  # in the order they are tried
+
+
+def _scipy_found():
+    try:
+        import scipy.linalg.cython_blas  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=None)
-def _choose(prefer_numpy):
-    found = _numpy_blas() if prefer_numpy else None
-    if found:
-        return "numpy's", np.array(found, np.int64)
-    fallback = np.array(_scipy_blas(), np.int64)
-    threads.blas_library_loaded()  # scipy's library is new to the thread policy: one thread on ours too
-    return "scipy's", fallback
+def _choose(route):
+    """(name, addresses) of the first route from `route` on that works."""
+    if route == "numpy's":
+        found = _numpy_blas()
+        if found:
+            return route, np.array(found, np.int64)
+        route = "scipy's"
+    if route == "scipy's" and _scipy_found():
+        addresses = np.array(_scipy_blas(), np.int64)
+        threads.blas_library_loaded()  # scipy's library is new to the thread policy: one thread on ours too
+        return route, addresses
+    return "loops", None
 
 
-def library(prefer_numpy=True):
+def library(route="numpy's"):
     """The BLAS the kernels call, found on first use (see above): an int64 array
-    [sgemm address, dgemm address, 1 if its integers are 64-bit].
-    prefer_numpy=False gives the fallback (the tests use it)."""
-    return _choose(prefer_numpy)[1]
+    [sgemm address, dgemm address, 1 if its integers are 64-bit], or None for
+    the loops (another argument type: a kernel compiles them only when given
+    None). route: the first route to try (the tests pick each)."""
+    if route not in ROUTES:
+        raise ValueError(f"blas.library: route must be one of {ROUTES}, got {route!r}")
+    return _choose(route)[1]
 
 
-def library_name():
-    """Which BLAS `library()` is: "numpy's" or "scipy's"."""
-    return _choose(True)[0]
+def library_name(route="numpy's"):
+    """Which route `library(route)` took: "numpy's", "scipy's" or "loops"."""
+    return _choose(route)[0]
 
 
 # ----------------------------------------------------------- calling BLAS
@@ -165,6 +191,31 @@ _gemm_lp64 = _fortran_gemm_intrinsic(32)
 _gemm_ilp64 = _fortran_gemm_intrinsic(64)
 
 
+@njit(nogil=True, cache=True)
+def _gemm_loops(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """C = alpha op(A) op(B) + beta C as loops (the route when no BLAS is
+    found), row by row of C: C[i, :] gathers op(A)[i, p] times row p of
+    op(B). With B not transposed that row is contiguous; with B transposed
+    each C[i, j] is a dot product of two contiguous rows instead. beta == 0
+    overwrites C, as BLAS does (whatever C held, NaN too). Explicit index
+    loops: slices and array expressions compile several times slower."""
+    zero = c.dtype.type(0)
+    for i in range(m):
+        for j in range(n):
+            c[i * ldc + j] = zero if beta == zero else beta * c[i * ldc + j]
+        if trans_b:
+            for j in range(n):
+                total = zero
+                for p in range(k):
+                    total += (a[p * lda + i] if trans_a else a[i * lda + p]) * b[j * ldb + p]
+                c[i * ldc + j] += alpha * total
+        else:
+            for p in range(k):
+                a_ip = alpha * (a[p * lda + i] if trans_a else a[i * lda + p])
+                for j in range(n):
+                    c[i * ldc + j] += a_ip * b[p * ldb + j]
+
+
 def gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     """What the compiled version computes (this body only runs outside Numba)."""
     def matrix(x, rows, cols, ld):
@@ -179,6 +230,10 @@ def gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
 def _gemm_overload(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     if isinstance(trans_a, types.Literal) or isinstance(trans_b, types.Literal):
         return None  # numba retries with plain bools: one compiled version for every call site
+    if isinstance(blas, types.NoneType):  # no BLAS found: the loops (compiled only where that is so)
+        def loops(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+            _gemm_loops(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+        return loops
     which = {types.float32: 0, types.float64: 1}[a.dtype]
     T, N = np.int8(ord("t")), np.int8(ord("n"))
 
