@@ -122,6 +122,27 @@ def test_an_interrupt_during_the_update_waits_for_its_end():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_signal_just_after_a_metrics_line_does_not_write_it_twice(tmp_path, monkeypatch):
+    """SIGINT or SIGTERM landing after a step's line reached metrics.jsonl but
+    before the trainer counted it: the interrupt handler, which writes the
+    steps not yet written, must not write that line again (seen in CI:
+    train steps [1, 2, 3, 3] after a SIGTERM)."""
+    from tinygrad_attn.train import trainer as trainer_module
+    real_append = trainer_module.append_jsonl
+
+    def append_then_signal(path, record):
+        real_append(path, record)
+        if record.get("type") == "train" and record["step"] == 3:
+            signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt here
+    monkeypatch.setattr(trainer_module, "append_jsonl", append_then_signal)
+    trainer = quiet(tiny(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in records if r["type"] == "train"] == [1, 2, 3]
+    assert records[-1] == {"type": "interrupted", "step": 3, "by": "interrupted"}
+
+
 def test_weight_decay_only_on_weight_matrices():
     tg.manual_seed(0)
     for model in (Seq2SeqTransformer(Seq2SeqConfig(vocab_size=7, d_model=8, nhead=2, num_encoder_layers=1,

@@ -314,10 +314,13 @@ class Trainer:
         append_jsonl(self._path(METRICS_LOG_NAME), record)
 
     def _log_new_steps(self):
-        """Write the history's steps that metrics.jsonl does not have yet."""
-        for row in self.history["train"][self._rows_logged:]:
-            self._log_metrics(self._train_record(*row))
-        self._rows_logged = len(self.history["train"])
+        """Write the history's steps that metrics.jsonl does not have yet.
+        Signals wait meanwhile: one landing between a line's write and the
+        count below would have the interrupt handler write that line again."""
+        with _interrupts_deferred():
+            for row in self.history["train"][self._rows_logged:]:
+                self._log_metrics(self._train_record(*row))
+            self._rows_logged = len(self.history["train"])
 
     # ------------------------------------------------------------ one step
     def kernel_calls(self):
