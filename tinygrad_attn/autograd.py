@@ -146,7 +146,7 @@ class Context:
     def __init__(self, fn, parents):
         self.fn = fn
         self.needs_input_grad = tuple(p.requires_grad for p in parents)
-        self.parents = tuple(p if p._ctx is None else p._ctx for p in parents)
+        self.parents = tuple(node_of(p) for p in parents)
         self._saved = ()
         self._freed = False
         self._hooks = None

@@ -196,6 +196,14 @@ class Tanh(Function):
         return grad * (1 - z * z)
 
 
+def _by_kernel(kernel, x):
+    """kernel(x, out) over x's elements as one flat array: the result, shaped as x."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(flat)
+    kernel(flat, out)
+    return out.reshape(x.shape)
+
+
 class Erfc(Function):
     """z = erfc(x) = 1 - erf(x) = (2 / sqrt(pi)) * integral from x to inf of exp(-t^2) dt.
 
@@ -211,10 +219,7 @@ class Erfc(Function):
     def forward(ctx, x):
         ctx.save_for_backward(x)
         if x.dtype in (np.float32, np.float64):
-            flat = np.ascontiguousarray(x).reshape(-1)
-            z = np.empty_like(flat)
-            kernels.erfc(flat, z)
-            return z.reshape(x.shape)
+            return _by_kernel(kernels.erfc, x)
         return np.vectorize(math.erfc, otypes=[np.float64])(x)
 
     @staticmethod
@@ -262,10 +267,7 @@ class Relu(Function):
     @staticmethod
     def forward(ctx, x):
         if x.dtype in (np.float32, np.float64):
-            flat = np.ascontiguousarray(x).reshape(-1)
-            z = np.empty_like(flat)
-            kernels.relu_forward(flat, z)
-            z = z.reshape(x.shape)
+            z = _by_kernel(kernels.relu_forward, x)
         else:
             z = np.maximum(x, 0)
         ctx.save_for_backward(z)

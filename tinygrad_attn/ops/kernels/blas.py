@@ -21,10 +21,11 @@ of three routes that works:
 2. "scipy's": if none qualifies (Accelerate, an unknown build) and scipy is
    installed, scipy.linalg.cython_blas (what numba's np.dot calls).
 3. "loops": neither; `_gemm_loops`, the product written as plain loops
-   that Numba compiles (slower, but it runs anywhere).
-scipy is not a dependency: Numba itself imports scipy.linalg the first
-time it compiles or loads a kernel when scipy is installed (0.3 s and
-17 MB measured here), so a process without it starts faster and smaller.
+   that Numba compiles (~5.5x slower, but it runs anywhere).
+scipy is a dependency only on macOS, where numpy may use Accelerate,
+which threadpoolctl does not list: Numba itself imports scipy.linalg the
+first time it compiles or loads a kernel when scipy is installed (0.3 s
+and 17 MB measured here), so a process without it starts faster and smaller.
 The function addresses travel as a kernel argument, not as symbols baked
 into the compiled code, so a cached kernel is never tied to a library that
 moved; None in their place selects the loops.
@@ -45,6 +46,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import threads
+from .fastmath import SUM_FASTMATH
 
 
 # ------------------------------------------------------------- finding BLAS
@@ -191,29 +193,34 @@ _gemm_lp64 = _fortran_gemm_intrinsic(32)
 _gemm_ilp64 = _fortran_gemm_intrinsic(64)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
 def _gemm_loops(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     """C = alpha op(A) op(B) + beta C as loops (the route when no BLAS is
     found), row by row of C: C[i, :] gathers op(A)[i, p] times row p of
     op(B). With B not transposed that row is contiguous; with B transposed
-    each C[i, j] is a dot product of two contiguous rows instead. beta == 0
-    overwrites C, as BLAS does (whatever C held, NaN too). Explicit index
-    loops: slices and array expressions compile several times slower."""
+    each C[i, j] is a dot product of two contiguous rows instead. Rows are
+    slices, so the inner loops vectorize: ~5.5x BLAS's time (512x128 @
+    128x384 on one thread: 2.5 against 0.45 ms; 60x with plain indexing).
+    beta == 0 overwrites C, as BLAS does (whatever C held, NaN too)."""
     zero = c.dtype.type(0)
     for i in range(m):
+        row = c[i * ldc:i * ldc + n]
         for j in range(n):
-            c[i * ldc + j] = zero if beta == zero else beta * c[i * ldc + j]
+            row[j] = zero if beta == zero else beta * row[j]
         if trans_b:
+            a_row = a[i * lda:i * lda + k]  # op(A)'s row i when A is not transposed
             for j in range(n):
+                b_row = b[j * ldb:j * ldb + k]
                 total = zero
                 for p in range(k):
-                    total += (a[p * lda + i] if trans_a else a[i * lda + p]) * b[j * ldb + p]
-                c[i * ldc + j] += alpha * total
+                    total += (a[p * lda + i] if trans_a else a_row[p]) * b_row[p]
+                row[j] += alpha * total
         else:
             for p in range(k):
                 a_ip = alpha * (a[p * lda + i] if trans_a else a[i * lda + p])
+                b_row = b[p * ldb:p * ldb + n]
                 for j in range(n):
-                    c[i * ldc + j] += a_ip * b[p * ldb + j]
+                    row[j] += a_ip * b_row[j]
 
 
 def gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):

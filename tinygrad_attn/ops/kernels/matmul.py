@@ -20,8 +20,9 @@ on the weight gradients of W1/W2's Linear layers (2 threads), the row cut
 is 11% faster in all and 20-25% faster at 768 tokens, so rows come first.
 A product is cut into 1, 2 or 4 pieces (never 3: on two threads one
 would idle for a third of the product). How a product is cut depends on
-its shape alone, so a result never depends on the number of threads. A hand-written GEMM in Numba would be
-2.5-5x slower than BLAS.
+its shape alone, so a result never depends on the number of threads. A
+hand-written GEMM in Numba is slower than BLAS (blas.py's loops, the
+route when no BLAS is found: ~5.5x).
 
 Operands are read where they are: matrix i of a starts at a[a_off[i]] with
 row stride lda, so permuted views, transposed views (K^T: the flag tells
