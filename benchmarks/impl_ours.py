@@ -29,20 +29,24 @@ KEEP_MEMORY = os.environ.get("TINYGRAD_ATTN_BENCH_MEMORY", "keep") == "keep" and
 
 def set_threads(n):
     # tinygrad_attn.set_num_threads (our pool and BLAS) once it exists, the kernels' pool before.
-    (getattr(tg, "set_num_threads", None) or tg.ops.kernels.set_num_threads)(n)
+    (getattr(tg, "set_num_threads", None) or _kernels().set_num_threads)(n)
 
 
 def info():
     import numba
-    get = getattr(tg, "get_num_threads", None) or tg.ops.kernels.get_num_threads
+    get = getattr(tg, "get_num_threads", None) or _kernels().get_num_threads
     return {"name": NAME, "versions": f"numpy {np.__version__}, numba {numba.__version__}",
             "blas": f"{_blas_name()} ({baselines.numpy_blas()})",
             "threads": f"kernel threads {get()}, numba threads {numba.config.NUMBA_NUM_THREADS}",
             "memory": "keep_freed_memory()" if KEEP_MEMORY else "malloc's defaults"}
 
 
+def _kernels():  # tinygrad_attn.kernels, or tinygrad_attn.ops.kernels in older checkouts (before/after runs)
+    return getattr(tg, "kernels", None) or tg.ops.kernels
+
+
 def _blas_name():  # BLAS_NAME: versions before the kernel-runtime change (before/after runs)
-    k = tg.ops.kernels
+    k = _kernels()
     return k.blas_name() if hasattr(k, "blas_name") else f"{k.BLAS_NAME}'s"
 
 

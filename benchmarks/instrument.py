@@ -101,7 +101,7 @@ class Instrumented:
             return apply_with_ctx(cls, *inputs, **params)
         self._patch(autograd.Function, "apply_with_ctx", classmethod(counted_apply))
 
-        from tinygrad_attn.ops import kernels
+        from tinygrad_attn import kernels
         original = kernels.parallel_for
 
         def timed_launch(kernel, n_items, *args, **kwargs):

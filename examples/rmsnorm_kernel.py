@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 import tinygrad_attn as tg
-from tinygrad_attn.ops import kernels
+from tinygrad_attn import kernels
 
 
 # ---- 1. Kernels: one row at a time, over rows [start, stop) -------------------

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import tinygrad_attn as tg
-from tinygrad_attn.ops import numpy_backward as nb
+from tinygrad_attn.reference import numpy_backward as nb
 
 
 def module_gradcheck(module, inputs, forward=None, **gradcheck_kwargs):

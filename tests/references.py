@@ -1,7 +1,7 @@
 """The dropout hash, written again for the tests, and the masks it gives.
 
 The plain numpy versions of the fused ops, forward and backward, live in
-the package (tinygrad_attn.ops.numpy_backward); what is here rebuilds the
+the package (tinygrad_attn.reference.numpy_backward); what is here rebuilds the
 masks the kernels draw, independently of kernels/random_bits.py, so a test
 can hand the numpy versions the very mask an op used.
 """

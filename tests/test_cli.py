@@ -442,11 +442,11 @@ def test_warmup_compiles_the_kernels_of_a_step_with_a_progress_line(capsys):
     lines = stdout.strip().splitlines()
     assert lines[0].startswith("compiling kernels (float32): 0/")
     assert lines[-1].endswith(")") and "kernel signatures ready in" in lines[-1]
-    assert len(lines) == len(tg.ops.kernels.KERNELS) + 1  # one line per kernel, then the summary
+    assert len(lines) == len(tg.kernels.KERNELS) + 1  # one line per kernel, then the summary
 
 
 def test_threads_option_sets_the_threads_of_kernels_and_blas(tmp_path, capsys):
-    from tinygrad_attn.ops.kernels.threads import _blas
+    from tinygrad_attn.kernels.threads import _blas
     try:
         status, _, err = run(["train", "--task", "copy", "--vocab", "5", "--seq-len", "3", "--steps", "2",
                               "--eval-every", "2", "--out", str(tmp_path / "run"), "--no-plots", "--threads", "1"]

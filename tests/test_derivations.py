@@ -1,7 +1,7 @@
 """Every formula in docs/backprop_through_attention.md, checked numerically.
 
 Each test writes the document's formula in plain numpy (float64; the fused
-ops' backward as the package spells it out, tinygrad_attn.ops.numpy_backward,
+ops' backward as the package spells it out, tinygrad_attn.reference.numpy_backward,
 where the document points), compares
 it with central differences of the forward pass, and where the framework
 computes the same gradient, with what tinygrad_attn's own backward gives.
@@ -25,8 +25,8 @@ import tinygrad_attn as tg
 import tinygrad_attn.functional as F
 from tinygrad_attn import nn
 from tinygrad_attn.models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from tinygrad_attn.ops.loss import CrossEntropy
-from tinygrad_attn.ops import numpy_backward as nb
+from tinygrad_attn.ops.cross_entropy import CrossEntropy
+from tinygrad_attn.reference import numpy_backward as nb
 
 from .nn_helpers import ops_in_graph
 
@@ -744,7 +744,7 @@ def test_cross_attention_sends_the_memory_gradient_of_every_decoder_layer():
 
 # The document names real code and real tests ----------------------------------------
 
-NUMPY_BACKWARD = ROOT / "tinygrad_attn" / "ops" / "numpy_backward.py"
+NUMPY_BACKWARD = ROOT / "tinygrad_attn" / "reference" / "numpy_backward.py"
 FUSED_OPS = ("LinearOp", "Softmax", "LogSoftmax", "LayerNormOp", "CrossEntropy", "DropoutOp",
              "ScaledDotProductAttention", "PackedSelfAttention", "Gelu", "GetItem")
 REF = r"`(\w+)(?:\.(\w+))?` in\s+`(tinygrad_attn/[\w/]+\.py)`"
@@ -783,7 +783,7 @@ def test_each_code_line_of_a_fused_op_names_the_readable_numpy_backward_first():
     for paragraph in _code_paragraphs():
         refs = re.findall(REF, paragraph)
         if any(name in FUSED_OPS for name, _, _ in refs):
-            assert refs[0][2] == "tinygrad_attn/ops/numpy_backward.py", paragraph
+            assert refs[0][2] == "tinygrad_attn/reference/numpy_backward.py", paragraph
             checked += 1
     assert checked >= 9
 

@@ -17,7 +17,7 @@ import numpy as np
 
 import tinygrad_attn as tg
 import tinygrad_attn.functional as F
-from tinygrad_attn.ops import kernels
+from tinygrad_attn import kernels
 
 from .nn_helpers import ops_in_graph
 
@@ -97,14 +97,14 @@ def _doc_snippet():
 def test_pdb_stops_inside_a_kernel_as_the_document_says(tmp_path):
     script = tmp_path / "step.py"
     script.write_text(_doc_snippet())
-    kernel = ROOT / "tinygrad_attn" / "ops" / "kernels" / "layernorm.py"
+    kernel = ROOT / "tinygrad_attn" / "kernels" / "layer_norm.py"
     line = next(i for i, text in enumerate(kernel.read_text().splitlines(), 1) if "dr[j] = rs *" in text)
     commands = f"b {kernel}:{line}\nc\np 'row', r, 'column', j\nwhere\nclear\ny\nc\n"
     run = subprocess.run([sys.executable, "-m", "pdb", str(script)], input=commands, capture_output=True,
                          text=True, cwd=tmp_path, env=_env(), timeout=120)
-    assert f"layernorm.py({line})_layer_norm_backward()" in run.stdout, run.stdout[-2000:] + run.stderr
+    assert f"layer_norm.py({line})_layer_norm_backward()" in run.stdout, run.stdout[-2000:] + run.stderr
     assert "('row', 0, 'column', 0)" in run.stdout
-    assert "ops/norm.py" in run.stdout                 # `where`: the way down through LayerNormOp.backward
+    assert "ops/layer_norm.py" in run.stdout                 # `where`: the way down through LayerNormOp.backward
     assert "tensor([[" in run.stdout.split("column', 0)")[-1]   # then the script ran on to its print
 
 

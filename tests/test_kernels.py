@@ -19,9 +19,9 @@ from numba import njit
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import reference as R
-from tinygrad_attn.ops import kernels
-from tinygrad_attn.ops import numpy_backward as nb
-from tinygrad_attn.ops.kernels import fastmath, numba_cache, random_bits, threads
+from tinygrad_attn import kernels
+from tinygrad_attn.reference import numpy_backward as nb
+from tinygrad_attn.kernels import fastmath, numba_cache, random_bits, threads
 
 from . import references as ref
 
@@ -185,7 +185,7 @@ def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
     BLAS), on products that are a stack, transposed, large enough to be cut
     by rows, and cut along the sum (few rows, a long sum: a narrow layer's
     weight gradient), with and without a bias."""
-    from tinygrad_attn.ops.kernels import blas, matmul
+    from tinygrad_attn.kernels import blas, matmul
     assert blas.library_name() == "numpy's"  # found on this machine: the fallbacks are not what runs
     assert [blas.library_name(route) for route in blas.ROUTES] == list(blas.ROUTES)  # each one is there
     assert not np.array_equal(blas.library(), blas.library("scipy's"))
@@ -212,7 +212,7 @@ def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
                                   trans_b, m, n, k, out, bias)
             tol = 1e-5 if dtype == np.float32 else 1e-12  # float32 sums of 9000 terms round
             np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * np.abs(expected).max())
-    from tinygrad_attn.ops.kernels import attention  # its head products call gemm in place, strided
+    from tinygrad_attn.kernels import attention  # its head products call gemm in place, strided
     q, k, v = (randn(2, 3, 5, 4, dtype=dtype) for _ in range(3))
     results = []
     for route in blas.ROUTES:
@@ -232,7 +232,7 @@ def test_blas_candidates_are_checked_before_use(monkeypatch):
     loops are."""
     import builtins
 
-    from tinygrad_attn.ops.kernels import blas
+    from tinygrad_attn.kernels import blas
     monkeypatch.setattr(blas, "_multiplies_correctly", lambda address, ilp64: False)
     assert blas._numpy_blas() is None
     blas._choose.cache_clear()
@@ -469,7 +469,7 @@ def _float64_variables(func, signature):
 def test_float32_kernels_compute_in_float32():
     from numba import types
 
-    from tinygrad_attn.ops.kernels import cross_entropy
+    from tinygrad_attn.kernels import cross_entropy
     from tinygrad_attn import warmup
     _every_kernel(threads.get_num_threads())  # compiles kernels first: Numba's typing is then set up
     f32 = types.float32
@@ -477,10 +477,10 @@ def test_float32_kernels_compute_in_float32():
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
     calls = warmup.kernel_signatures((np.float32,))  # each kernel's float32 argument types, nothing compiled
     assert {kernel for kernel, _ in calls} == set(kernels.KERNELS)
-    from tinygrad_attn.ops.kernels import norms
+    from tinygrad_attn.kernels import clip
     # The norm sums squares in float64 on purpose (clip_grad_norm_'s accuracy); its float32 input stays float32.
-    checked += [(kernel.py_func, sig) for kernel, sig in calls if kernel is not norms._sum_of_squares]
-    assert _float64_variables(norms._sum_of_squares.py_func, next(sig for k, sig in calls if k is norms._sum_of_squares)) \
+    checked += [(kernel.py_func, sig) for kernel, sig in calls if kernel is not clip._sum_of_squares]
+    assert _float64_variables(clip._sum_of_squares.py_func, next(sig for k, sig in calls if k is clip._sum_of_squares)) \
         == ["arg.partial", "partial", "s", "v"]
     for func, sig in checked:
         assert _float64_variables(func, sig) == [], func.__name__
@@ -628,7 +628,7 @@ def test_scatter_add_kernel_matches_np_add_at():
     """An embedding's gradient: rows repeated, negative, unused; float32 and
     float64 (the kernel) and int (numpy's reduceat) against np.add.at."""
     from tinygrad_attn.ops.movement import _scatter_add_rows
-    from tinygrad_attn.ops.numpy_backward import embedding_backward
+    from tinygrad_attn.reference.numpy_backward import embedding_backward
     local = np.random.default_rng(3)
     rows = local.integers(-50, 70, (32, 64))  # 70 + 50 possible rows of a 70-row table, some never hit
     for dtype in (np.float32, np.float64, np.int64):
@@ -655,8 +655,8 @@ sys.meta_path.insert(0, NoScipy())
 import numpy as np
 import tinygrad_attn as tg
 from tinygrad_attn import nn, optim
-from tinygrad_attn.ops import numpy_backward
-from tinygrad_attn.ops.kernels import blas, matmul
+from tinygrad_attn.reference import numpy_backward
+from tinygrad_attn.kernels import blas, matmul
 layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
 x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
 opt = optim.AdamW(layer.parameters())
@@ -690,7 +690,7 @@ def test_the_fallback_blas_follows_the_thread_policy(tmp_path):
     script = """
 import numpy as np, threadpoolctl
 import tinygrad_attn as tg
-from tinygrad_attn.ops.kernels import blas, matmul, threads
+from tinygrad_attn.kernels import blas, matmul, threads
 tg.set_num_threads(2)
 before = {c.filepath for c in threads._blas.controllers()}
 fallback = blas.library("scipy's")

@@ -15,11 +15,11 @@ import tinygrad_attn as tg
 PACKAGE = os.path.dirname(os.path.abspath(tg.__file__))
 
 LAYERS = [  # (name, paths relative to the package; a path ending in / is a folder)
-    ("kernels", ["ops/kernels/"]),
+    ("kernels", ["kernels/"]),
     ("shapes", ["shapes.py", "random.py"]),
     ("engine", ["autograd.py"]),
     ("ops", ["ops/"]),
-    ("tensor", ["tensor.py", "reference.py"]),  # reference: compositions of Tensor methods
+    ("tensor", ["tensor.py", "reference/"]),  # reference: compositions of Tensor methods, numpy backwards
     ("functional", ["functional.py", "gradcheck.py"]),
     ("nn", ["nn/"]),
     ("optim", ["optim/"]),
@@ -39,7 +39,7 @@ def layer_of(relative_path):
 
 
 def module_path(module):
-    """tinygrad_attn.ops.kernels.threads -> ops/kernels/threads.py (or .../__init__.py)."""
+    """tinygrad_attn.kernels.threads -> kernels/threads.py (or .../__init__.py)."""
     parts = module.split(".")[1:]
     base = os.path.join(PACKAGE, *parts)
     if os.path.isdir(base):
@@ -111,9 +111,9 @@ def test_the_check_sees_upward_imports_even_inside_functions(tmp_path, monkeypat
 
 
 def test_the_numpy_backward_reads_alone():
-    """ops/numpy_backward.py is plain numpy on arrays: it imports nothing of
+    """reference/numpy_backward.py is plain numpy on arrays: it imports nothing of
     the framework (not even the kernels), so a reader needs no other file."""
-    assert list(imported_modules("ops/numpy_backward.py")) == []
+    assert list(imported_modules("reference/numpy_backward.py")) == []
 
 
 def test_op_classes_do_not_share_names_with_layers():
@@ -124,7 +124,7 @@ def test_op_classes_do_not_share_names_with_layers():
 
 
 def test_op_files_say_nothing_about_threads():
-    """The threading policy lives in ops/kernels/threads.py alone."""
+    """The threading policy lives in kernels/threads.py alone."""
     ops = os.path.join(PACKAGE, "ops")
     for name in os.listdir(ops):
         if name.endswith(".py"):

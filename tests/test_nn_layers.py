@@ -15,7 +15,7 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import nn
 
-from tinygrad_attn.ops import numpy_backward as nb
+from tinygrad_attn.reference import numpy_backward as nb
 
 from .nn_helpers import attention_cases, mha_reference, module_gradcheck
 from .strategies import arrays, shapes

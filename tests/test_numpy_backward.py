@@ -1,4 +1,4 @@
-"""tinygrad_attn.ops.numpy_backward, the fused ops' backward in plain numpy,
+"""tinygrad_attn.reference.numpy_backward, the fused ops' backward in plain numpy,
 equals the backward the fused ops really run.
 
 Each test calls the op through Tensor and backward() with a random upstream
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import Function
-from tinygrad_attn.ops import numpy_backward as nb
+from tinygrad_attn.reference import numpy_backward as nb
 from tinygrad_attn.ops.attention import PackedSelfAttention, ScaledDotProductAttention
 from tinygrad_attn.ops.dropout import DropoutOp
 
@@ -212,8 +212,8 @@ def test_every_fused_op_points_to_its_numpy_twin():
     exists; every backward there explains its derivative in a docstring."""
     for name in FUSED_OPS:
         doc = Function.registry[name].__doc__
-        pointed = re.findall(r"tinygrad_attn\.ops\.numpy_backward\.(\w+)", doc)
-        assert pointed, f"{name}'s docstring does not point to tinygrad_attn.ops.numpy_backward"
+        pointed = re.findall(r"tinygrad_attn\.reference\.numpy_backward\.(\w+)", doc)
+        assert pointed, f"{name}'s docstring does not point to tinygrad_attn.reference.numpy_backward"
         for function in pointed:
             assert callable(getattr(nb, function, None)), f"{name} points to a missing {function}"
     public = [f for n, f in inspect.getmembers(nb, inspect.isfunction) if not n.startswith("_")

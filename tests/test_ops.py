@@ -21,7 +21,7 @@ from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import Function
 from tinygrad_attn.ops.dropout import DropoutOp
 
-from tinygrad_attn.ops import numpy_backward as nb
+from tinygrad_attn.reference import numpy_backward as nb
 
 from . import references as ref
 from .strategies import arrays, attention_inputs, broadcast_shapes, packed_attention_inputs, shapes

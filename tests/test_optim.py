@@ -569,7 +569,7 @@ def test_clip_grad_value_equals_torch_and_by_hand():
 
 
 def test_the_squared_norm_kernel_sums_in_float64_whatever_the_threads():
-    from tinygrad_attn.ops.kernels.norms import sum_of_squares
+    from tinygrad_attn.kernels.clip import sum_of_squares
     rng = np.random.default_rng(3)
     for n in (0, 1, 1000, 3 * 65536 + 17):
         x = (rng.standard_normal(n) * 1e3).astype(np.float32)

@@ -1,6 +1,6 @@
 """The path you read is the path that runs: inside `with tinygrad_attn.reference_ops():`
 every fused function (and so every layer) runs its reference version of
-tinygrad_attn/reference.py, a composition of primitive ops, with the same
+tinygrad_attn/reference/composites.py, a composition of primitive ops, with the same
 results: a model trains the same, step for step, to rounding."""
 import sys
 import threading

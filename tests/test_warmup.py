@@ -13,9 +13,9 @@ from numba.core.caching import FunctionCache
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import nn
-from tinygrad_attn.ops import kernels
+from tinygrad_attn import kernels
 from tinygrad_attn import warmup
-from tinygrad_attn.ops.kernels import threads
+from tinygrad_attn.kernels import threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +34,7 @@ def test_import_starts_no_process_and_changes_no_global_state(tmp_path):
         before = [lib["num_threads"] for lib in threadpoolctl.threadpool_info()]
         import tinygrad_attn
         from numba.core.caching import FunctionCache
-        from tinygrad_attn.ops import kernels
+        from tinygrad_attn import kernels
         def parent(pid):
             try:
                 with open(f"/proc/{pid}/stat") as f:
@@ -56,7 +56,7 @@ def test_blas_runs_single_threaded_inside_our_jobs_and_nothing_else_changes():
     """Inside a job of a BLAS-calling kernel, BLAS runs on one thread on each
     of our threads (set for that thread alone where the library allows it);
     afterwards the calling thread and the process are as before."""
-    from tinygrad_attn.ops.kernels.threads import _blas
+    from tinygrad_attn.kernels.threads import _blas
     controllers, local = _blas.controllers(), _blas.local_setters()
     assert controllers and local, "numpy's OpenBLAS here has openblas_set_num_threads_local"
     before_global = [c.get_num_threads() for c in controllers]
@@ -75,7 +75,7 @@ def test_blas_runs_single_threaded_inside_our_jobs_and_nothing_else_changes():
 
 
 def test_set_num_threads_covers_our_pool_and_blas():
-    from tinygrad_attn.ops.kernels.threads import _blas
+    from tinygrad_attn.kernels.threads import _blas
     before = [c.get_num_threads() for c in _blas.controllers()]
     try:
         tg.set_num_threads(1)
@@ -200,11 +200,11 @@ def test_two_processes_never_compile_the_same_kernel(monkeypatch, tmp_path):
 
 def test_the_biggest_kernels_are_compiled_first():
     """So the two processes end together: the last kernels left are small."""
-    from tinygrad_attn.ops.kernels import activations, attention, matmul
-    calls = [(activations._relu_forward, "a"), (matmul._matmul, "b"), (attention._attention_forward, "c"),
+    from tinygrad_attn.kernels import attention, elementwise, matmul
+    calls = [(elementwise._relu_forward, "a"), (matmul._matmul, "b"), (attention._attention_forward, "c"),
              (matmul._matmul, "d")]
     order = [kernel for kernel, _ in warmup._work_order(calls)]
-    assert order == [attention._attention_forward, matmul._matmul, activations._relu_forward]
+    assert order == [attention._attention_forward, matmul._matmul, elementwise._relu_forward]
     assert dict(warmup._work_order(calls))[matmul._matmul] == ["b", "d"]
 
 
@@ -231,8 +231,8 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
         import tinygrad_attn as tg
         from tinygrad_attn import warmup
         warmup.training_steps(np.float32)
-        print(sum(sum(k.stats.cache_hits.values()) for k in tg.ops.kernels.KERNELS),
-              sum(sum(k.stats.cache_misses.values()) for k in tg.ops.kernels.KERNELS))
+        print(sum(sum(k.stats.cache_hits.values()) for k in tg.kernels.KERNELS),
+              sum(sum(k.stats.cache_misses.values()) for k in tg.kernels.KERNELS))
         """, **env).split()
     assert int(hits) == len(kernels.KERNELS) and int(misses) == 0
     assert all(type(k._cache) is FunctionCache for k in kernels.KERNELS)

@@ -6,11 +6,11 @@ to explain Transformers on a CPU.
     (x * x).sum().backward()
     x.grad  # tensor([[2., 4.]])
 """
-from . import functional, nn, ops, reference  # noqa: F401
+from . import functional, kernels, nn, ops, reference  # noqa: F401
 from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
                        is_grad_enabled, no_grad, set_grad_enabled)
 from .checkpoint import CheckpointError, load, save
-from .ops.kernels.threads import get_num_threads, set_num_threads
+from .kernels.threads import get_num_threads, set_num_threads
 from .gradcheck import GradcheckError, gradcheck
 from .memory import keep_freed_memory
 from .random import get_generator, manual_seed

@@ -494,7 +494,7 @@ def main(argv=None, prog="tinygrad-attn"):
         from .memory import keep_freed_memory
         keep_freed_memory()  # a program's choice (memory.py says why)
     if getattr(args, "threads", None):
-        from .ops.kernels.threads import set_num_threads
+        from .kernels.threads import set_num_threads
         set_num_threads(args.threads)
     try:
         return COMMANDS[args.command](args)

@@ -9,7 +9,7 @@ the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
 (or under `@reference_ops()`, or after `set_reference_ops(True)`) these
 functions run the reference versions instead, so a whole model runs, and
 backpropagates, through the path you read. The fused ops' backward, in
-plain numpy: `tinygrad_attn.ops.numpy_backward`.
+plain numpy: `tinygrad_attn.reference.numpy_backward`.
 """
 import warnings
 
@@ -19,11 +19,11 @@ from .autograd import is_grad_enabled
 from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
                             check_mask_dtype)
 from .ops.dropout import DropoutOp
-from .ops.loss import CrossEntropy
+from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
-from .ops.norm import LayerNormOp
+from .ops.layer_norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
-from . import reference as R
+from .reference import composites as R
 from .reference import is_reference_ops_enabled as _reference_ops
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
@@ -89,7 +89,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     its row (as in PyTorch). max_norm, scale_grad_by_freq and sparse are not
     implemented (NotImplementedError unless left at their defaults).
     The backward, a scatter-add into the rows: readable version
-    tinygrad_attn.ops.numpy_backward.embedding_backward.
+    tinygrad_attn.reference.numpy_backward.embedding_backward.
     """
     _embedding_unsupported("embedding", max_norm, scale_grad_by_freq, sparse)
     idx = input.data if isinstance(input, Tensor) else np.asarray(input)

@@ -1008,7 +1008,7 @@ def _reference():
 
 
 def _reference_ops():
-    """Whether `reference_ops()` is on in this thread (reference.py's switch)."""
+    """Whether `reference_ops()` is on in this thread (reference/composites.py's switch)."""
     return _reference().is_reference_ops_enabled()
 
 

@@ -43,7 +43,7 @@ import warnings
 import numba
 import numpy as np
 
-from .ops.kernels import KERNELS, threads
+from .kernels import KERNELS, threads
 
 
 def training_steps(dtype=np.float32):
@@ -115,8 +115,9 @@ def _state_key(key):
     """Names a cache holding the compiled calls named `key`: the source code of
     the kernels and of the ops calling them, the versions, and the key."""
     digest = hashlib.sha256()
-    ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
-    for path in sorted(glob.glob(os.path.join(ops, "kernels", "*.py")) + glob.glob(os.path.join(ops, "*.py"))):
+    package = os.path.dirname(os.path.abspath(__file__))
+    sources = glob.glob(os.path.join(package, "kernels", "*.py")) + glob.glob(os.path.join(package, "ops", "*.py"))
+    for path in sorted(sources):
         with open(path, "rb") as f:
             digest.update(f.read())
     digest.update(f"{numba.__version__} {sys.version} {platform.machine()} {key}".encode())

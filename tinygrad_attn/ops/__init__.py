@@ -5,15 +5,15 @@ reduce       sum, mean, max, min, var, logsumexp
 movement     reshape, permute, expand, getitem, cat, stack
 matmul       batched matrix multiplication, linear (x W^T + b)
 softmax      softmax, log_softmax                     (fused Numba kernels)
-norm         layer_norm                               (fused Numba kernel)
-loss         cross_entropy                            (fused Numba kernel)
+layer_norm   layer_norm                               (fused Numba kernel)
+cross_entropy cross_entropy                           (fused Numba kernel)
 attention    scaled dot-product attention, weights    (fused Numba kernel)
 dropout      dropout                                  (Numba kernel)
 
-numpy_backward holds no op: the backward of each fused op above written out
-in plain numpy, to read beside it (not imported here).
-
-The Numba kernels themselves live in `kernels/` and know only numpy arrays.
+Each op module's kernels are in `tinygrad_attn/kernels/` under the same name
+(ops/layer_norm.py calls kernels/layer_norm.py); they know only numpy arrays.
+The readable twins of the fused ops (composites of primitive ops, and each
+backward in plain numpy) are in `tinygrad_attn/reference/`.
 """
-from . import (attention, dropout, elementwise, loss, matmul, movement, norm,  # noqa: F401
+from . import (attention, cross_entropy, dropout, elementwise, layer_norm, matmul, movement,  # noqa: F401
                reduce, softmax)  # imported to register the ops

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
-from . import kernels
+from .. import kernels
 from .array_views import as_matrices, as_rows, batch_index, float_dtype, output_like
 from .dropout import draw_key, keep_rule
 from .matmul import stack_product
@@ -141,7 +141,7 @@ class ScaledDotProductAttention(Function):
 
     Forward keeps P on ctx.weights (need_weights returns it); it has the
     batch shape of the output (q, k, v and the mask broadcast together).
-    Readable version: tinygrad_attn.ops.numpy_backward.attention_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.attention_backward.
     """
 
     @staticmethod
@@ -173,7 +173,7 @@ class AttentionWeights(Function):
         dS = P * (G - rowsum(G * P))
         dL/dQ = scale * dS K,   dL/dK = scale * dS^T Q,   dL/dM = dS (float mask)
 
-    Readable version: tinygrad_attn.ops.numpy_backward.attention_backward
+    Readable version: tinygrad_attn.reference.numpy_backward.attention_backward
     (its grad_weights= is this G).
     """
 
@@ -232,7 +232,7 @@ class PackedSelfAttention(Function):
     mask broadcasts to (B, H, T, T). dL/dqkv is assembled from dQ, dK and
     dV in the same packed layout: the kernel writes each head's gradients
     straight into their places.
-    Readable version: tinygrad_attn.ops.numpy_backward.packed_self_attention_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.packed_self_attention_backward.
     """
 
     @staticmethod

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..random import get_generator
-from . import kernels
+from .. import kernels
 from .array_views import float_dtype
 
 
@@ -46,7 +46,7 @@ class DropoutOp(Function):
 
     `seed` fixes the mask (a 32-bit key); by default a key is drawn from
     the framework's generator at each call.
-    Readable version: tinygrad_attn.ops.numpy_backward.dropout_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.dropout_backward.
     """
 
     @staticmethod

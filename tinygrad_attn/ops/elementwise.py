@@ -10,7 +10,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import broadcast_shapes
-from . import kernels
+from .. import kernels
 from .array_views import float_dtype
 
 
@@ -209,7 +209,7 @@ class Erfc(Function):
 
     dz/dx = -(2 / sqrt(pi)) exp(-x^2)
 
-    libm's erfc (kernels/activations.py; math.erfc per element for other
+    libm's erfc (kernels/elementwise.py; math.erfc per element for other
     dtypes), accurate to an ulp in float32 and float64, also in the tail,
     where 1 - erf(x) would cancel. With it the reference GELU,
     x * erfc(-x / sqrt 2) / 2, is the fused one to rounding.
@@ -259,7 +259,7 @@ class Relu(Function):
 
     Saves z, not x or a mask: z > 0 exactly where x > 0, and z is what the
     next op (a Linear) saves anyway, so the derivative costs no memory.
-    Floats go through one kernel pass each way (kernels/activations.py),
+    Floats go through one kernel pass each way (kernels/elementwise.py),
     what numpy does below for other dtypes: np.maximum(x, 0), and the
     gradient 0 where z <= 0, else grad (as torch: a NaN input passes it).
     """
@@ -292,9 +292,9 @@ class Gelu(Function):
     approximate="tanh":  z = x/2 (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3),
         dz/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 
-    Why a kernel (kernels/activations.py): each formula is one vectorized
+    Why a kernel (kernels/elementwise.py): each formula is one vectorized
     pass there, where numpy needs a temporary per term and a scalar erf call
-    per element. Readable version: tinygrad_attn.ops.numpy_backward.gelu_backward.
+    per element. Readable version: tinygrad_attn.reference.numpy_backward.gelu_backward.
     """
 
     @staticmethod

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
-from . import kernels
+from .. import kernels
 from .array_views import as_matrices
 
 
@@ -122,7 +122,7 @@ class LinearOp(Function):
     axes and the engine would then sum a stack of weight gradients); W^T is
     read transposed by BLAS, not copied; the bias is added to each block of
     the output while it is in cache.
-    Readable version: tinygrad_attn.ops.numpy_backward.linear_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.linear_backward.
     """
 
     @staticmethod

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, normalize_axis, normalize_new_axis, unbroadcast
-from . import kernels
+from .. import kernels
 
 
 def _check_int_dims(op, shape):
@@ -143,9 +143,9 @@ def _scatter_add_rows(shape, rows, grad):
 
     np.add.at does this one element at a time; here the rows are sorted once
     (stably, so the order of the additions is fixed) and each run of equal
-    rows is summed into its row by a kernel (kernels/scatter.py), or by one
+    rows is summed into its row by a kernel (kernels/movement.py), or by one
     np.add.reduceat for other dtypes. Readable version:
-    tinygrad_attn.ops.numpy_backward.embedding_backward."""
+    tinygrad_attn.reference.numpy_backward.embedding_backward."""
     rows = rows.reshape(-1)
     rows = np.where(rows < 0, rows + shape[0], rows)  # x[-1] is the last row
     width = math.prod(shape[1:])

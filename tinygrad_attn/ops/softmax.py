@@ -10,7 +10,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import normalize_axis
-from . import kernels
+from .. import kernels
 from .array_views import as_rows, float_dtype
 
 
@@ -32,7 +32,7 @@ class Softmax(Function):
 
     dL/dx_i = y_i * (g_i - sum_j g_j y_j)        (g = dL/dy, sums along the axis)
 
-    Readable version: tinygrad_attn.ops.numpy_backward.softmax_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.softmax_backward.
     """
 
     @staticmethod
@@ -54,7 +54,7 @@ class LogSoftmax(Function):
 
     dL/dx_i = g_i - exp(y_i) * sum_j g_j         (exp(y) is the softmax)
 
-    Readable version: tinygrad_attn.ops.numpy_backward.log_softmax_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.log_softmax_backward.
     """
 
     @staticmethod

@@ -4,7 +4,7 @@ import numbers
 
 import numpy as np
 
-from ..ops.kernels.adam import adam_update
+from ..kernels.adam import adam_update
 from .optimizer import Optimizer, _implementation_options
 
 
@@ -25,7 +25,7 @@ class Adam(Optimizer):
 
     Arguments and defaults are torch.optim.Adam's; decoupled_weight_decay=True
     makes it AdamW. The update runs as one fused kernel pass over each
-    parameter (ops/kernels/adam.py) unless fused=False, which runs the numpy
+    parameter (kernels/adam.py) unless fused=False, which runs the numpy
     version written out below, step by step: the two give the same bits.
     foreach is accepted and changes nothing; capturable=True and
     differentiable=True raise NotImplementedError.

@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from ..ops.kernels.norms import sum_of_squares
+from ..kernels.clip import sum_of_squares
 
 from ..tensor import Tensor
 

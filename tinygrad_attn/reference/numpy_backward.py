@@ -126,7 +126,7 @@ def layer_norm_backward(x, weight, grad, normalized_ndim=1, eps=1e-5):
     through its own mean (a shift: subtract the mean of gw) and its own
     variance (a scale: remove the part of gw along xhat). So dL/dx sums to 0
     over a row and is orthogonal to xhat. (The fused op:
-    tinygrad_attn.ops.norm.LayerNormOp.)
+    tinygrad_attn.ops.layer_norm.LayerNormOp.)
     """
     xhat, rstd, axes = _normalized(x, normalized_ndim, eps)
     gw = grad * weight
@@ -176,7 +176,7 @@ def cross_entropy_backward(logits, target, grad, ignore_index=-100, label_smooth
     (log_softmax_backward with g = -q: -q_c + p_c sum_c q_c, and q sums to 1).
     Each row is then scaled by its upstream gradient G_r: grad[r] for "none",
     grad for "sum", grad / (number of rows not ignored) for "mean"; ignored
-    rows get 0. (The fused op: tinygrad_attn.ops.loss.CrossEntropy.)
+    rows get 0. (The fused op: tinygrad_attn.ops.cross_entropy.CrossEntropy.)
     """
     x, t = _classes_last(logits, target)
     rows, n_classes = x.shape

@@ -11,7 +11,7 @@ decorated with `@tinygrad_attn.reference_ops()`) `functional`, the Tensor
 methods softmax, log_softmax and gelu, and so every layer and model run
 these instead: the graph (`viz.graph`) holds each primitive step and a
 debugger steps through the backward of each. The fused ops' own backward,
-written out in plain numpy, is `tinygrad_attn.ops.numpy_backward`.
+written out in plain numpy, is `tinygrad_attn.reference.numpy_backward`.
 
 The switch is per thread (a `contextvars.ContextVar`): a thread that
 enters `reference_ops()` changes nothing for the others, and a new thread
@@ -26,10 +26,10 @@ import threading
 
 import numpy as np
 
-from .ops.dropout import draw_key, keep_rule
-from .ops.kernels.random_bits import uniform_bits_numpy
-from .shapes import ShapeError, normalize_axis
-from .tensor import Tensor, where
+from ..ops.dropout import draw_key, keep_rule
+from ..kernels.random_bits import uniform_bits_numpy
+from ..shapes import ShapeError, normalize_axis
+from ..tensor import Tensor, where
 
 _enabled = contextvars.ContextVar("tinygrad_attn.reference_ops", default=False)
 

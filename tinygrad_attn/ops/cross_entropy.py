@@ -9,7 +9,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError
-from . import kernels
+from .. import kernels
 from .array_views import float_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -34,7 +34,7 @@ class CrossEntropy(Function):
         dL/dx_{r,c} = G_r * (p_c - (1 - e) [c == t_r] - e / C)
 
     Classes are on axis 1 for (N, C, d1, ...) logits, as in PyTorch.
-    Readable version: tinygrad_attn.ops.numpy_backward.cross_entropy_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.cross_entropy_backward.
     """
 
     @staticmethod

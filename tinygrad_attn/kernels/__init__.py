@@ -11,14 +11,14 @@ give bit-identical outputs whatever the number of threads.
 The math:
     matmul         batched_matmul (stacks and single products, optional bias)
     softmax        softmax_forward, softmax_backward (and log-softmax)
-    layernorm      layer_norm_forward, layer_norm_backward
-    norms          sum_of_squares (float64 sums: clip_grad_norm_)
+    layer_norm     layer_norm_forward, layer_norm_backward
+    clip           sum_of_squares (float64 sums: clip_grad_norm_)
     cross_entropy  cross_entropy_forward, cross_entropy_backward
     attention      attention_forward, attention_backward
     dropout        dropout_apply
-    activations    gelu_forward, gelu_backward, relu_forward, relu_backward, erfc
+    elementwise    gelu_forward, gelu_backward, relu_forward, relu_backward, erfc
     adam           adam_update (one pass of Adam / AdamW over a parameter)
-    scatter        scatter_add_runs (the gradient of a row lookup: an embedding's)
+    movement       scatter_add_runs (the gradient of a row lookup: an embedding's)
 The runtime:
     fastmath       fast-math flags and a vectorizable exp
     random_bits    the counter-based random bits of dropout
@@ -37,24 +37,24 @@ from . import numba_cache
 
 numba_cache.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
-from . import activations, adam, attention, cross_entropy, dropout, layernorm, matmul, norms, scatter, softmax  # noqa: E402
-from .activations import erfc, gelu_backward, gelu_forward, relu_backward, relu_forward  # noqa: E402
+from . import adam, attention, clip, cross_entropy, dropout, elementwise, layer_norm, matmul, movement, softmax  # noqa: E402
+from .elementwise import erfc, gelu_backward, gelu_forward, relu_backward, relu_forward  # noqa: E402
 from .attention import attention_backward, attention_forward  # noqa: E402
 from .blas import library_name as blas_name  # noqa: E402
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward  # noqa: E402
 from .dropout import dropout_apply  # noqa: E402
-from .layernorm import layer_norm_backward, layer_norm_forward  # noqa: E402
+from .layer_norm import layer_norm_backward, layer_norm_forward  # noqa: E402
 from .matmul import batched_matmul  # noqa: E402
-from .scatter import scatter_add_runs  # noqa: E402
+from .movement import scatter_add_runs  # noqa: E402
 from .softmax import softmax_backward, softmax_forward  # noqa: E402
 from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402
 
 # Every compiled loop (warmup.py and the tests walk them).
-KERNELS = (activations._erfc, activations._gelu_forward, activations._gelu_backward, activations._relu_forward,
-           activations._relu_backward, adam._adam_update, attention._attention_forward,
+KERNELS = (elementwise._erfc, elementwise._gelu_forward, elementwise._gelu_backward, elementwise._relu_forward,
+           elementwise._relu_backward, adam._adam_update, attention._attention_forward,
            attention._attention_backward, cross_entropy._cross_entropy_forward,
-           cross_entropy._cross_entropy_backward, dropout._dropout_apply, layernorm._layer_norm_forward,
-           layernorm._layer_norm_backward, matmul._matmul, norms._sum_of_squares, scatter._scatter_add_runs,
+           cross_entropy._cross_entropy_backward, dropout._dropout_apply, layer_norm._layer_norm_forward,
+           layer_norm._layer_norm_backward, matmul._matmul, clip._sum_of_squares, movement._scatter_add_runs,
            softmax._softmax_forward,
            softmax._softmax_backward)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError
-from . import kernels
+from .. import kernels
 from .array_views import as_rows, float_dtype
 
 
@@ -26,7 +26,7 @@ class LayerNormOp(Function):
         dL/dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
         dL/dw = sum over rows of g * xhat,     dL/db = sum over rows of g
 
-    Readable version: tinygrad_attn.ops.numpy_backward.layer_norm_backward.
+    Readable version: tinygrad_attn.reference.numpy_backward.layer_norm_backward.
     """
 
     @staticmethod
