@@ -8,6 +8,6 @@ numpy_backward  each fused op's backward written out in plain numpy, the
 
 `tinygrad_attn.reference.softmax` and the rest are the composites.
 """
-from .composites import (cross_entropy, dropout, gelu, is_reference_ops_enabled, layer_norm, linear,  # noqa: F401
+from .composites import (apply_rotary_emb, cross_entropy, dropout, gelu, is_reference_ops_enabled, layer_norm, linear,  # noqa: F401
                          log_softmax, packed_self_attention, reference_ops, scaled_dot_product_attention,
-                         set_reference_ops, softmax)
+                         rms_norm, set_reference_ops, softmax)
