@@ -105,11 +105,11 @@ def llama2c_rotary(x, cos, sin):
 
 
 def test_precompute_freqs_cis_is_llama2cs():
-    cos, sin = nn.precompute_freqs_cis(32, 64)
-    tcos, tsin = llama2c_freqs(32, 64)
-    assert cos.dtype == np.float32 and cos.shape == (64, 16)
-    np.testing.assert_allclose(cos.data, tcos.numpy(), rtol=0, atol=2e-6)
-    np.testing.assert_allclose(sin.data, tsin.numpy(), rtol=0, atol=2e-6)
+    cos, sin = nn.precompute_freqs_cis(64, 256)
+    tcos, tsin = llama2c_freqs(64, 256)
+    assert cos.dtype == np.float32 and cos.shape == (256, 32)
+    np.testing.assert_allclose(cos.data, tcos.numpy(), rtol=0, atol=6e-8)  # one unit in the last place
+    np.testing.assert_allclose(sin.data, tsin.numpy(), rtol=0, atol=6e-8)
     c5, s5 = nn.precompute_freqs_cis(4, 3, theta=5.0)  # f = 1, 1/sqrt(5)
     np.testing.assert_allclose(c5.data, np.cos(np.outer(np.arange(3), [1, 5 ** -0.5])), rtol=1e-6)
     with pytest.raises(ValueError, match="precompute_freqs_cis.*even"):

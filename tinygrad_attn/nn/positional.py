@@ -89,17 +89,22 @@ def precompute_freqs_cis(dim, end, theta=10000.0):
 
     dim is the head dimension (even); pair i of a head vector turns at
     frequency f_i, from one turn per 2 pi positions (i = 0) down to about
-    one per 2 pi theta. Computed in float32 as llama2.c computes them (its
-    model.py and run.c), so that its weights see the very same angles.
+    one per 2 pi theta. In float32 as llama2.c computes them (its model.py
+    and run.c), so that its weights see the same angles: f_i and t * f_i
+    are bit for bit llama2.c's under torch; cos and sin are rounded from
+    float64 (correctly rounded; torch's float32 cos and sin are off by one
+    unit in the last place for about 5% of entries).
     Use them with `functional.apply_rotary_emb`.
     """
     _check_sizes("precompute_freqs_cis", dim=dim, end=end)
     if dim % 2:
         raise ValueError(f"precompute_freqs_cis: dim must be even (pairs of features turn), got {dim}")
     f32 = np.float32
-    freqs = f32(1.0) / (f32(theta) ** (np.arange(0, dim, 2, dtype=f32)[:dim // 2] / f32(dim)))  # (dim/2,)
+    exponents = np.arange(0, dim, 2, dtype=f32)[:dim // 2] / f32(dim)  # 2i / dim, (dim/2,)
+    freqs = f32(1.0) / (float(theta) ** exponents.astype(np.float64)).astype(f32)  # the pow rounded once
     angles = np.outer(np.arange(end, dtype=f32), freqs).astype(f32)  # (end, dim/2): t * f_i
-    return Tensor(np.cos(angles)), Tensor(np.sin(angles))
+    return (Tensor(np.cos(angles.astype(np.float64)).astype(f32)),
+            Tensor(np.sin(angles.astype(np.float64)).astype(f32)))
 
 
 class RotaryEmbedding(Module):
