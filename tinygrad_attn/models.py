@@ -484,6 +484,9 @@ class LlamaAttention(nn.Module):
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         self.resid_dropout = nn.Dropout(args.dropout)
         self.dropout = args.dropout
+        # as MultiheadAttention's: record_weights = True keeps the last forward's
+        # weights (B, n_heads, T, T) in last_attn_weights (the training heatmaps)
+        self.record_weights, self.last_attn_weights = False, None
 
     def forward(self, x, freqs_cos, freqs_sin):
         """x (B, T, dim) and the rotary tables of positions 0..T-1 -> (B, T, dim)."""
@@ -494,7 +497,10 @@ class LlamaAttention(nn.Module):
         q, k = F.apply_rotary_emb(q, freqs_cos, freqs_sin), F.apply_rotary_emb(k, freqs_cos, freqs_sin)
         q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))  # heads as a batch axis: (B, heads, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=True, enable_gqa=True)
+                                           is_causal=True, enable_gqa=True, need_weights=self.record_weights)
+        if self.record_weights:
+            y, weights = y
+            self.last_attn_weights = weights.data
         y = y.permute(0, 2, 1, 3).reshape(B, T, self.n_heads * self.head_dim)  # the heads side by side
         return self.resid_dropout(self.wo(y))
 
@@ -604,3 +610,7 @@ class Llama(_Sampling, nn.Module):
 
     def _cached_step(self, ids, caches):
         return generation.llama_step(self, ids, caches)
+
+    def attention_layers(self):
+        """(name, LlamaAttention) for each block's causal self-attention."""
+        return [(f"layers.{i}.attention", layer.attention) for i, layer in enumerate(self.layers)]

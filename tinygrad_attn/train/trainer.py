@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import nn, optim, viz
 from ..checkpoint import CheckpointError, load, save
-from ..models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
+from ..models import GPT, GPTConfig, Llama, LlamaConfig, Seq2SeqConfig, Seq2SeqTransformer
 from ..random import get_generator, manual_seed
 from .config import ConfigError, TrainConfig
 from .jobs import make_job
@@ -43,7 +43,8 @@ from .rundir import (ATTENTION_DIR, CHECKPOINT_NAME, GRAD_NORMS_NAME, LOSS_PLOT_
 FORMAT = "tinygrad_attn.train/1"  # metadata["format"] of our checkpoints
 BETA1 = 0.9  # beta2 is a setting (default 0.99, nanoGPT's for small models: faster than 0.999)
 # the "kind" of a model config's JSON -> (model class, config class)
-MODEL_CLASSES = {"Seq2SeqConfig": (Seq2SeqTransformer, Seq2SeqConfig), "GPTConfig": (GPT, GPTConfig)}
+MODEL_CLASSES = {"Seq2SeqConfig": (Seq2SeqTransformer, Seq2SeqConfig), "GPTConfig": (GPT, GPTConfig),
+                 "LlamaConfig": (Llama, LlamaConfig)}
 
 
 class RunExistsError(ConfigError):
