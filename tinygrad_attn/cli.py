@@ -244,11 +244,12 @@ def build_parser(prog="tinygrad-attn"):
                         help="without --input: how many held-out sequences to decode (default: 5)")
 
     export = commands.add_parser(
-        "export", help="write a run's model for another framework (PyTorch)",
+        "export", help="write a run's model for another framework (PyTorch, llama2.c)",
         description="Write the trained model as a safetensors state dict with PyTorch's "
                     "parameter names, loadable with strict=True into the modules of "
-                    "examples/torch_models.py (GPT: nanoGPT's layout; seq2seq: around "
-                    "torch.nn.Transformer). The file's metadata holds the module and its config.")
+                    "examples/torch_models.py (GPT: nanoGPT's layout; Llama: llama2.c's; seq2seq: "
+                    "around torch.nn.Transformer); the file's metadata holds the module and its config. "
+                    "--to llama2c writes a Llama run as the model and tokenizer files of llama2.c's run.c.")
     export.add_argument("checkpoint", metavar="CHECKPOINT",
                         help="checkpoint file, or the run's output directory")
     export.add_argument("--to", choices=("torch", "llama2c"), default="torch",

@@ -1,8 +1,8 @@
 """Functions on tensors with PyTorch's names and signatures (torch.nn.functional).
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
-(linear, softmax, log_softmax, layer_norm, cross_entropy, attention,
-dropout, gelu) call fused ops backed by Numba kernels. Their reference
+(linear, softmax, log_softmax, layer_norm, rms_norm, apply_rotary_emb,
+cross_entropy, attention, dropout, gelu) call fused ops backed by Numba kernels. Their reference
 versions, written step by step with primitive ops, are in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
 the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
