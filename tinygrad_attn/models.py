@@ -278,8 +278,9 @@ class _Sampling:
 
         The context window: the model sees the ids from a window start on,
         at positions 0, 1, ...; it begins as the last block_size ids of the
-        prompt, and when it would grow past block_size ids it restarts from
-        its last `context_keep()` ids (block_size // 2). nanoGPT instead
+        prompt (a Llama's max_seq_len), and when it would grow past
+        block_size ids it restarts from its last `context_keep()` ids
+        (block_size // 2). nanoGPT (and llama2.c's generate) instead
         crops to the last block_size ids at every step; with learned
         absolute positions that moves every id to a new position at every
         step once the window is full, so no cached key or value would stay
