@@ -19,7 +19,7 @@ from .. import data
 from ..checkpoint import save
 from ..models import GPT
 from .config import TrainConfig
-from .trainer import checkpoint_file, model_from_checkpoint, read_checkpoint
+from .checkpoints import checkpoint_file, model_from_checkpoint, read_checkpoint
 
 TORCH_FORMAT = "tinygrad_attn.torch/1"  # metadata["format"] of an export
 
