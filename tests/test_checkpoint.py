@@ -101,3 +101,94 @@ def test_foreign_files_are_reported_as_not_checkpoints(tmp_path, content):
 def test_missing_file():
     with pytest.raises(FileNotFoundError):
         tg.load("/nonexistent/ckpt.safetensors")
+
+
+# ------------------------------------------------------- the format's layout rules
+
+def _write(path, header, data_size, header_len=None):
+    """A safetensors file of `header` (a dict) and a data buffer of data_size zero
+    bytes (sparse: nothing is written); header_len: what the length field says."""
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write((len(text) if header_len is None else header_len).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + data_size)
+    return path
+
+
+def _peak_bytes_of(fn):
+    """(result or exception, the peak of Python memory allocated while fn ran)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001  (the caller checks which)
+            result = e
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+F32 = lambda n, begin: {"dtype": "F32", "shape": [n], "data_offsets": [begin, begin + 4 * n]}  # noqa: E731
+
+
+@pytest.mark.parametrize("header,data_size,message", [
+    ({"a": F32(4, 0), "b": F32(4, 0)}, 16, r"tensor '[ab]' at data_offsets \[0, 16\] overlaps the one before"),
+    ({"a": F32(4, 0), "b": F32(2, 8)}, 16, r"tensor 'b' at data_offsets \[8, 16\] overlaps the one before"),
+    ({"a": F32(4, 4)}, 20, r"tensor 'a' at data_offsets \[4, 20\] leaves 4 bytes unused before it"),
+    ({"a": F32(4, 0), "b": F32(4, 20)}, 36, r"tensor 'b' .* leaves 4 bytes unused before it"),
+    ({"a": F32(4, 0)}, 20, r"4 bytes after the last tensor"),
+])
+def test_tensors_must_tile_the_data_buffer_in_order(tmp_path, header, data_size, message):
+    """The format's rule, as its reference reader checks it: sorted by their
+    offsets, the tensors cover the data buffer one after the other, with no
+    overlap, no gap and nothing after the last."""
+    path = _write(tmp_path / "bad.safetensors", header, data_size)
+    with pytest.raises(tg.CheckpointError) as caught:
+        tg.load(path)
+    assert str(path) in str(caught.value) and "must tile the data buffer" in str(caught.value)
+    assert caught.match(message)
+
+
+def test_overlapping_tensors_are_refused_before_their_data_is_read(tmp_path):
+    big = 2_000_000  # floats: 8 MB of data, which load must not read
+    path = _write(tmp_path / "overlap.safetensors", {"a": F32(big, 0), "b": F32(big, 0)}, 4 * big)
+    error, peak = _peak_bytes_of(lambda: tg.load(path))
+    assert isinstance(error, tg.CheckpointError) and "overlaps" in str(error)
+    assert peak < 1_000_000
+
+
+def test_tiling_follows_the_offsets_not_the_order_of_the_header(tmp_path):
+    """The JSON order means nothing; empty tensors may share an offset (as the
+    reference reader allows)."""
+    empty = {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}
+    path = _write(tmp_path / "ok.safetensors", {"b": F32(2, 4), "e1": empty, "a": F32(1, 0), "e2": empty}, 12)
+    arrays = tg.load(path)
+    assert sorted(arrays) == ["a", "b", "e1", "e2"] and arrays["b"].shape == (2,) and arrays["e1"].shape == (0,)
+
+
+def test_a_header_longer_than_the_format_allows_is_refused_before_reading_it(tmp_path):
+    """The format caps the header at 100,000,000 bytes; load refuses a longer
+    one from its length field alone, without reading (or allocating) it."""
+    path = _write(tmp_path / "huge.safetensors", {"a": F32(1, 0)}, 100_000_100, header_len=100_000_001)
+    error, peak = _peak_bytes_of(lambda: tg.load(path))
+    assert isinstance(error, tg.CheckpointError), error
+    assert str(path) in str(error) and "100,000,001" in str(error) and "limit of 100,000,000" in str(error)
+    assert peak < 1_000_000
+
+
+def test_a_header_at_the_limit_is_read(tmp_path, monkeypatch):
+    """Negative control of the cap, at a limit of 64 bytes: a header of
+    exactly 64 bytes (padded with spaces, as safetensors pads) loads, one of
+    65 is refused."""
+    from tinygrad_attn import checkpoint
+    monkeypatch.setattr(checkpoint, "MAX_HEADER_SIZE", 64)
+    text = json.dumps({"a": F32(1, 0)}).encode()
+    for size, loads in ((64, True), (65, False)):
+        path = tmp_path / f"padded{size}.safetensors"
+        path.write_bytes(size.to_bytes(8, "little") + text + b" " * (size - len(text)) + bytes(4))
+        if loads:
+            assert tg.load(path)["a"].shape == (1,)
+        else:
+            with pytest.raises(tg.CheckpointError, match="limit of 64"):
+                tg.load(path)
