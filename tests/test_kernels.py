@@ -362,6 +362,40 @@ def test_cross_entropy_and_layer_norm_match_pytorch():
     np.testing.assert_allclose(y.data, expected.numpy(), rtol=1e-10, atol=1e-10)
 
 
+# HUGE[dtype]: magnitudes whose squares overflow dtype (float32 from ~1.8e19, float64 from ~1.3e154)
+HUGE = [(np.float32, 1e20), (np.float32, 1e30), (np.float32, 1e38), (np.float64, 1e200), (np.float64, 1e300)]
+
+
+@pytest.mark.parametrize("dtype,big", HUGE)
+def test_layer_norm_of_rows_too_large_to_square_matches_pytorch(dtype, big):
+    """Rows of 1e30 in float32 have representable normalised values: the
+    output and every gradient are finite and right (torch in float64 on the
+    same rows; torch in float32 gives NaN there), and an ordinary row in the
+    same call is untouched."""
+    pytest.importorskip("torch")
+    x = ref.huge_rows(dtype, big)
+    w, b = randn(x.shape[1]).astype(dtype), randn(x.shape[1]).astype(dtype)
+    g = randn(*x.shape).astype(dtype)
+    y_ref, dx_ref, dw_ref, db_ref = ref.torch_layer_norm(x, w, b, g)
+    xt, wt, bt = (tg.Tensor(a, requires_grad=True) for a in (x, w, b))
+    y = F.layer_norm(xt, x.shape[1], wt, bt)
+    y.backward(tg.Tensor(g))
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    ref.assert_rows_close(y.data, y_ref, rtol)
+    ref.assert_rows_close(xt.grad.data, dx_ref, rtol)
+    ref.assert_rows_close(wt.grad.data, dw_ref, rtol)
+    ref.assert_rows_close(bt.grad.data, db_ref, rtol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_of_a_row_holding_inf_or_nan_is_nan_as_in_pytorch(dtype):
+    x = tg.tensor(np.array([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]], dtype), requires_grad=True)
+    y = F.layer_norm(x, 3)
+    assert np.isnan(y.data[:2]).all() and np.isfinite(y.data[2]).all()
+    y.sum().backward()
+    assert np.isnan(x.grad.data[:2]).all() and np.isfinite(x.grad.data[2]).all()
+
+
 # ------------------------------------------------------------------ dropout
 
 def test_dropout_mask_rate_scale_and_backward():
@@ -473,7 +507,10 @@ def test_float32_kernels_compute_in_float32():
     from tinygrad_attn import warmup
     _every_kernel(threads.get_num_threads())  # compiles kernels first: Numba's typing is then set up
     f32 = types.float32
-    helpers = {fastmath._exp32: (f32,), cross_entropy.row_sums: (types.Array(f32, 1, "C"),)}
+    rows, vector = types.Array(f32, 2, "C"), types.Array(f32, 1, "C")
+    helpers = {fastmath._exp32: (f32,), cross_entropy.row_sums: (vector,),
+               # not in KERNELS (only rows too large to square run it)
+               kernels.layer_norm._layer_norm_rescaled: (rows, vector, vector, f32, rows, vector, vector)}
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
     calls = warmup.kernel_signatures((np.float32,))  # each kernel's float32 argument types, nothing compiled
     assert {kernel for kernel, _ in calls} == set(kernels.KERNELS)
