@@ -178,7 +178,7 @@ def test_attention_matches_the_per_head_reference_and_gradchecks(case):
 
 
 def test_seeds_example_eight_heads_of_three_on_two_tokens():
-    """The seeds: 2 tokens with embeddings of size 4; 8 heads, each with its
+    """The seed notes' example (README.md, "Learn"): 2 tokens with embeddings of size 4; 8 heads, each with its
     own W_Q^i, W_K^i, W_V^i of (4, 3), give Z_i of (2, 3); concat(Z_0..Z_7)
     is (2, 24); W_O (24, 4) projects it back to (2, 4)."""
     tg.manual_seed(0)
