@@ -68,6 +68,8 @@ def close(a, b, tol=1e-7):
 
 
 # Notation: the seed notes' symbols --------------------------------------------
+# (the seed notes: the lecture notes this project's math comes from, README.md "Learn";
+# docs/backprop_through_attention.md maps their symbols to the code's)
 
 def test_seed_notation_context_vector_is_a_row_of_the_output():
     """alpha_ij = exp(q^<i>.k^<j> / sqrt d_k) / sum_j' exp(...), C^<i> = sum_j alpha_ij v^<j> = O[i]."""

@@ -1,5 +1,6 @@
-"""examples/attention_walkthrough.py: the seeds' example runs, has the seeds'
-shapes, is deterministic, every gradient matches finite differences, and each
+"""examples/attention_walkthrough.py: the example of the seed notes (the
+lecture notes this project's math comes from; README.md, "Learn") runs, has
+their shapes, is deterministic, every gradient matches finite differences, and each
 claim it prints holds numerically."""
 import contextlib
 import importlib.util

@@ -102,11 +102,18 @@ def log_softmax_backward(y, grad, axis=-1):
 
 def _normalized(x, normalized_ndim, eps):
     """(xhat, rstd, axes): xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps),
-    mean and biased var over the last `normalized_ndim` axes."""
+    mean and biased var over the last `normalized_ndim` axes.
+
+    Computed on x / c, c a power of two near each row's largest |x| (1 for
+    rows below 1): exact, so xhat is the same, and rstd(x) = rstd(x / c) / c
+    with eps / c^2; but a row of 1e30 in float32 no longer overflows when squared."""
     axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
-    centered = x - x.mean(axis=axes, keepdims=True)
-    rstd = 1 / np.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
-    return centered * rstd, rstd, axes
+    c = np.ldexp(np.ones((), x.dtype),
+                 np.maximum(np.frexp(np.abs(x).max(axis=axes, keepdims=True, initial=0))[1] - 1, 0))
+    xs = x / c
+    centered = xs - xs.mean(axis=axes, keepdims=True)
+    rstd = 1 / np.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps / c / c)
+    return centered * rstd, rstd / c, axes
 
 
 def layer_norm_forward(x, weight, bias, normalized_ndim=1, eps=1e-5):
