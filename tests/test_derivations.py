@@ -524,6 +524,52 @@ def test_residual_path_is_the_identity_in_pre_norm_and_crosses_every_layer_norm_
     assert np.abs(x.grad.data.sum(-1)).max() < 1e-12 and np.abs(G.sum(-1)).min() > 1e-3
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.5])
+def test_the_transposed_layer_norm_jacobian_applies_gamma_first_and_projects_only_without_eps(eps):
+    """J_LN^T = (1/sigma) (I - 1 1^T/d - xhat xhat^T/d) diag(gamma): gamma first, then the
+    bracket B. B is a projection (B B = B) only at eps = 0."""
+    d = 5
+    x, gamma, G = rng.normal(size=d), rng.uniform(0.3, 3.0, size=d), rng.normal(size=d)
+    sigma = np.sqrt(x.var() + eps)
+    xhat = (x - x.mean()) / sigma
+    B = np.eye(d) - np.ones((d, d)) / d - np.outer(xhat, xhat) / d
+    JT = B @ np.diag(gamma) / sigma
+    J_num = np.stack([numerical_grad(lambda j=j: nb.layer_norm_forward(x, gamma, 0.0, eps=eps)[j], x)
+                      for j in range(d)])                   # J[j, k] = d y_j / d x_k
+    close(JT, J_num.T, 1e-6)
+    close(JT @ G, nb.layer_norm_backward(x, gamma, G, eps=eps)[0], 1e-12)
+    assert np.abs(np.diag(gamma) @ B / sigma @ G - JT @ G).max() > 1e-2   # the other order is wrong
+    if eps == 0:
+        close(B @ B, B, 1e-12)
+    else:
+        assert np.abs(B @ B - B).max() > 1e-3
+
+
+def test_pre_norm_gradient_grows_toward_the_bottom_and_post_norm_barely_changes():
+    """Section 8's table is what examples/gradient_flow.py measures: the norm of the gradient
+    entering each of 6 layers, top to bottom, and at the input, for the same top gradient."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gradient_flow", ROOT / "examples" / "gradient_flow.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    section = DOC.read_text().split("## 8. ")[1].split("\n## ")[0]
+    for name, norm_first in (("pre-norm", True), ("post-norm", False)):
+        r = example.stack_gradients(norm_first)
+        row = re.search(rf"^\| {name} \| ([\d., ]+) \| ([\d.]+) \|$", section, re.M)
+        assert row, name
+        stated = [float(v) for v in row.group(1).split(", ")]
+        close(stated, np.round(r["entering"][::-1], 1), 0)
+        close(float(row.group(2)), round(r["bottom_norm"], 1), 0)
+        assert f"norm {r['top_norm']:.1f} at the top" in " ".join(section.split())
+        growth = np.diff(r["entering"][::-1])               # entering the layers, top to bottom
+        if norm_first:
+            assert (growth > 0).all()                       # grows at every layer on the way down
+        else:
+            assert 0.8 < r["bottom_norm"] / r["top_norm"] < 1.25    # barely changes: no vanishing
+    alone = example.stack_gradients(False, sublayer_grad=False)
+    assert f"arrives as {alone['bottom_norm']:.1f}, turned to cos {alone['cos']:.2f}" in " ".join(section.split())
+
+
 # 9. Cross-entropy -----------------------------------------------------------
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -591,6 +637,15 @@ def test_learned_positional_embedding_gradient_sums_over_the_batch():
     e = tg.Tensor(E.copy(), requires_grad=True)
     (layer(e) * tg.Tensor(G)).sum().backward()
     close([layer.weight.grad.data, e.grad.data], [GP, G])
+
+
+def test_the_sinusoidal_table_stops_at_max_len():
+    """The formula holds at every position, the table only up to max_len: a longer input is refused."""
+    layer = nn.PositionalEncoding(6, max_len=8)
+    close(layer.pe.data, nn.positional.sinusoidal_table(12, 6)[:8], 1e-7)
+    layer(tg.Tensor(np.zeros((2, 8, 6))))                  # max_len positions: fine
+    with pytest.raises(tg.ShapeError, match="max_len 8"):
+        layer(tg.Tensor(np.zeros((2, 9, 6))))
 
 
 # 11. Embedding lookup, its sqrt(d_model) scale, tied embeddings ----------------
@@ -742,6 +797,30 @@ def test_cross_attention_sends_the_memory_gradient_of_every_decoder_layer():
     close(m.grad.data, sum(c.grad.data for c in copies), 1e-12)
 
 
+# 14. Stepping through the code ------------------------------------------------
+
+def test_the_reference_graph_holds_primitive_ops_and_no_max():
+    """Section 14's list: an encoder layer, a Linear head and cross-entropy under reference_ops()
+    give exactly these ops; no LogSumExp and no Max (the max shift is detached), and backward
+    gives the fused path's gradients."""
+    tg.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    head = nn.Linear(8, 5).double()
+    x, y = rng.normal(size=(2, 3, 8)), np.array([[1, 2, 3], [0, 4, 1]])
+    grads = []
+    for reference in (True, False):
+        xt = tg.Tensor(x.copy(), requires_grad=True)
+        with tg.reference_ops(reference):
+            loss = F.cross_entropy(head(layer(xt)).transpose(1, 2), y)
+        if reference:
+            stated = re.search(r"the graph holds\s+exactly ([\w,\s]+?)\. There is no LogSumExp",
+                               DOC.read_text()).group(1)
+            assert ops_in_graph(loss) == set(re.split(r",\s+|\s+and\s+", stated))
+        loss.backward()
+        grads.append(xt.grad.data)
+    close(grads[0], grads[1], 1e-12)
+
+
 # The document names real code and real tests ----------------------------------------
 
 NUMPY_BACKWARD = ROOT / "tinygrad_attn" / "reference" / "numpy_backward.py"
@@ -794,10 +873,11 @@ def test_every_section_names_its_tests_and_every_test_is_named():
     for section in sections:
         title = section.splitlines()[0]
         lines = re.findall(r"^Tests?:(.*?)(?:\n\s*\n|\Z)", section, re.M | re.S)
-        if title.startswith("14."):
-            continue                                # stepping through the code: its own test file
         assert lines, f"section {title!r} names no test"
         named |= set(re.findall(r"`(test_\w+)`", " ".join(lines)))
+        for path, test in re.findall(r"`(tests/\w+\.py)(?:::(\w+))?`", " ".join(lines)):
+            assert (ROOT / path).exists(), (title, path)     # a test file of its own, or one test in it
+            assert not test or re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), (title, test)
     here = {name for name in globals() if name.startswith("test_")}
     meta = {name for name in here if name.startswith(("test_every", "test_each", "test_the_readable"))}
     assert named <= here, sorted(named - here)
