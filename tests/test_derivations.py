@@ -14,6 +14,7 @@ of the document's formulas below, e.g. `G_x = G_z - J^T G_z` in
 `test_residual_add_and_norm`, and that test fails.
 """
 import math
+import operator
 import re
 from pathlib import Path
 
@@ -159,6 +160,25 @@ def test_linear_layer_gradients_and_the_bias_sum():
     close([xt.grad.data, layer.weight.grad.data, layer.bias.grad.data], [Gx, GW, Gb])
 
 
+# 1a. Sums and broadcasts -----------------------------------------------------
+
+def test_a_sum_backward_is_a_broadcast_and_a_broadcast_backward_is_a_sum():
+    """y = x.sum(-1, keepdims): G_x[r, j] = G_y[r]. y = x (n, 1) broadcast against z (n, m):
+    G_x[r] = sum_j G_y[r, j]; the same over a leading axis (heads) that broadcasting adds."""
+    x, G = rng.normal(size=(3, 4)), rng.normal(size=(3, 1))
+    close(np.broadcast_to(G, (3, 4)), numerical_grad(lambda: np.sum(G * x.sum(-1, keepdims=True)), x))
+    close(np.broadcast_to(G, (3, 4)), tg_grads(lambda a: a.sum(-1, keepdim=True), x, G)[0], 1e-12)
+    c, z, Gy = rng.normal(size=(3, 1)), rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    for op in (operator.add, operator.mul):
+        Gc = (Gy * (z if op is operator.mul else 1)).sum(-1, keepdims=True)
+        close(Gc, numerical_grad(lambda: np.sum(Gy * op(c, z)), c))
+        close(Gc, tg_grads(lambda a, op=op: op(a, tg.Tensor(z)), c, Gy)[0], 1e-12)
+    X, W, GQ = rng.normal(size=(2, 1, 3, 4)), rng.normal(size=(5, 4, 2)), rng.normal(size=(2, 5, 3, 2))
+    GX = (GQ @ W.swapaxes(-1, -2)).sum(1, keepdims=True)    # summed over the 5 heads it was copied to
+    close(GX, numerical_grad(lambda: np.sum(GQ * (X @ W)), X))
+    close(GX, tg_grads(lambda a: a @ tg.Tensor(W), X, GQ)[0], 1e-12)
+
+
 # 2. Softmax -----------------------------------------------------------------
 
 def test_softmax_jacobian_and_fused_vjp():
@@ -182,6 +202,35 @@ def test_log_softmax_vjp():
     close(formula, numerical_grad(lambda: np.sum(G * logsm()), S))
     close(nb.log_softmax_backward(logsm(), G), formula)
     close(formula, tg_grads(lambda t: F.log_softmax(t, dim=-1), S, G)[0])
+
+
+# 2a. The max shift ----------------------------------------------------------
+
+@pytest.mark.parametrize("log", [False, True])
+def test_the_max_shift_changes_no_value_and_gets_no_gradient(log):
+    """softmax(s - c) = softmax(s); with m = max s left in the graph its gradient
+    G_m = -sum_j G_shifted[j] is 0 exactly (rounding in floats), as G_shifted sums to 0 per row;
+    for an upstream gradient that is not a softmax's it is not 0, so only such a check can fail."""
+    s, G = rng.normal(size=(3, 5)) * 3, rng.normal(size=(3, 5))
+    fn = nb.log_softmax_forward if log else nb.softmax_forward
+    close(fn(s - 7.5), fn(s), 1e-12)
+    close(nb.softmax_forward(np.array([[1000.0, 0.0]])), [[1.0, 0.0]], 0)     # no overflow
+    st = tg.Tensor(s.copy(), requires_grad=True)
+    m = st.amax(-1, keepdim=True)
+    m.retain_grad()
+    shifted = st - m
+    shifted.retain_grad()
+    y = shifted.log_softmax(-1) if log else shifted.softmax(-1)
+    (y * tg.Tensor(G)).sum().backward()
+    close(m.grad.data, -shifted.grad.data.sum(-1, keepdims=True), 1e-15)   # G_m = -sum_j G_shifted[j] ...
+    assert np.abs(m.grad.data).max() < 1e-15                                # ... = 0 up to rounding
+    back = nb.log_softmax_backward if log else nb.softmax_backward
+    close(st.grad.data, back(y.data, G), 1e-12)              # so G_s is the softmax's own gradient
+    R = rng.normal(size=(3, 5))                              # not a softmax's input gradient
+    mt = tg.Tensor(s.max(-1, keepdims=True), requires_grad=True)
+    (tg.Tensor(s) - mt).backward(tg.Tensor(R))
+    close(mt.grad.data, -R.sum(-1, keepdims=True), 1e-12)
+    assert np.abs(mt.grad.data).min() > 1e-3
 
 
 # 3-5. Scaling, masking, attention as a whole ----------------------------------
@@ -704,6 +753,30 @@ def test_tied_embeddings_collect_the_gradient_of_both_uses():
     both = untied.tok_emb.weight.grad.data + untied.lm_head.weight.grad.data
     close(tied.tok_emb.weight.grad.data, both, 1e-12)
     assert np.abs(untied.lm_head.weight.grad.data).max() > 1e-3 and np.abs(untied.tok_emb.weight.grad.data).max() > 1e-3
+
+
+# 11a. Gather and scatter-add -------------------------------------------------
+
+def test_a_gather_backward_is_a_scatter_add_and_plain_assignment_loses_repeats():
+    """y[p] = x[idx[p]]: G_x[r] = sum over the p with idx[p] = r of G_y[p] (np.add.at);
+    G_x[idx] += G_y keeps one of the repeats. picked[i] = x[i, t_i]: one place per row."""
+    x, idx, G = rng.normal(size=6), np.array([4, 1, 4, 4, 0]), rng.normal(size=5)
+    Gx = np.zeros(6)
+    np.add.at(Gx, idx, G)
+    close(Gx, numerical_grad(lambda: np.sum(G * x[idx]), x))
+    close(Gx, tg_grads(lambda a: a[idx], x, G)[0], 1e-12)
+    wrong = np.zeros(6)
+    wrong[idx] += G
+    assert abs(wrong[4] - Gx[4]) > 1e-3
+    logp, t, Gp = rng.normal(size=(3, 4)), np.array([2, 0, 2]), rng.normal(size=3)
+    rows = np.arange(3)
+    Glogp = np.zeros((3, 4))
+    Glogp[rows, t] = Gp                                       # distinct places: a plain scatter
+    close(Glogp, numerical_grad(lambda: np.sum(Gp * logp[rows, t]), logp))
+    close(Glogp, tg_grads(lambda a: a[rows, t], logp, Gp)[0], 1e-12)
+    mask = rng.random((3, 4)) < 0.5
+    a, b, Gy = (rng.normal(size=(3, 4)) for _ in range(3))
+    close(tg_grads(lambda a, b: tg.where(tg.Tensor(mask), a, b), a, b, Gy), [Gy * mask, Gy * ~mask], 0)
 
 
 # 12. Feed-forward block and dropout -----------------------------------------
