@@ -14,6 +14,8 @@
 #    padding mask, Add & Norm, a feed-forward block with GELU, Add & Norm,
 #    an output layer and the cross-entropy over the positions that count.
 # 4. **The fused forms**: whole chains in one line, as the kernels do them.
+# 5. **The capstone**: train the block to sort with *your* backward
+#    functions, and watch your loss curve lie on autograd's.
 #
 # Every step starts blank: it raises NotImplementedError with a hint that
 # names the section of docs/backprop_through_attention.md to read. Run the
@@ -786,7 +788,10 @@ def main(argv=None, verbose=True):
                         help="use the answers (examples/backprop_ninja_solution.py) instead of your steps")
     parser.add_argument("--hints", action="store_true", help="show the hint of every blank, not only the next")
     parser.add_argument("--seed", type=int, default=0, help="seed of the example's numbers (default 0)")
-    parser.add_argument("--no-capstone", action="store_true", help="only the tables")
+    parser.add_argument("--no-capstone", action="store_true", help="only the tables: do not train")
+    parser.add_argument("--steps", type=int, default=None, help="training steps of the capstone (default "
+                        f"{CAPSTONE_STEPS})")
+    parser.add_argument("--plot", default=None, help="write the capstone's loss curves to this PNG file")
     args, _ = parser.parse_known_args(argv)  # known only: a Jupyter kernel passes its own arguments
     solution = args.solution or SOLUTION
     table = Table(verbose, args.hints or ALL_HINTS)
@@ -804,7 +809,121 @@ def main(argv=None, verbose=True):
                   "again; --solution shows the answers, --hints every hint.")
     else:
         table.say("\nEvery gradient matches autograd's." if not wrong else f"\nNot yet equal to autograd's: {wrong}")
+    if not args.no_capstone:
+        capstone(solution, args.steps, args.plot, verbose)
     return outcome
+
+
+# %% [markdown]
+# ## The capstone: train the block with your backward
+#
+# The block of the table, trained to sort sequences of 3 to 5 symbols
+# (`SortTask`, 25% of all sequences held out) with batches of 32 and Adam.
+# Two runs from the same initial weights on the same batches: one takes its
+# gradients from autograd, the other from your steps alone (`chain`: no
+# autograd anywhere in its backward). The optimizer is the same few lines
+# of numpy for both. If your steps are right, the two loss curves are one.
+
+# %%
+CAPSTONE_STEPS = int(os.environ.get("BACKPROP_NINJA_STEPS", 200))
+
+
+def sort_batch(rng, size):
+    """Constants of the block for `size` training sequences of the sort task."""
+    batch = TASK.train_batch(size, generator=rng)
+    return block_constants([TASK.decode(row) for row in batch.src])
+
+
+def adam(params, grads, state, lr=3e-2, betas=(0.9, 0.999), eps=1e-8):
+    """One Adam step on numpy arrays, in place (the same for both runs)."""
+    state["t"] = t = state.get("t", 0) + 1
+    for k, g in grads.items():
+        m = state[k + ".m"] = betas[0] * state.get(k + ".m", 0) + (1 - betas[0]) * g
+        v = state[k + ".v"] = betas[1] * state.get(k + ".v", 0) + (1 - betas[1]) * g * g
+        params[k] -= lr * (m / (1 - betas[0] ** t)) / (np.sqrt(v / (1 - betas[1] ** t)) + eps)
+
+
+def train(steps=None, n_steps=CAPSTONE_STEPS, batch_size=32, seed=0):
+    """Train the block; gradients from `steps` ({name: fn}, e.g. yours) or from autograd (None).
+    Returns (the loss of every step, the trained parameters)."""
+    params, state, rng, losses = block_params(seed), {}, np.random.default_rng(seed), []
+    for _ in range(n_steps):
+        constants = sort_batch(rng, batch_size)
+        if steps is None:
+            values, grads = run("block", params, constants)
+        else:
+            values, _ = run("block", params, constants, backward=False)
+            grads = chain(steps, values)
+        losses.append(float(values["loss"]))
+        adam(params, {k: grads[k] for k in BLOCK_PARAMS}, state)
+    return np.array(losses), params
+
+
+def held_out_accuracy(params, n=200):
+    """The share of n held-out sequences the trained block sorts exactly."""
+    batch = TASK.held_out_batch(n)
+    values, _ = run("block", params, block_constants([TASK.decode(row) for row in batch.src]), backward=False)
+    right = (values["logits"].argmax(-1) == values["targets"]) | values["pad"]
+    return float(right.all(-1).mean())
+
+
+def capstone(solution=False, n_steps=None, plot=None, verbose=True):
+    """Both runs, their losses side by side, and a plot. Returns (yours, autograd's) or None if not ready."""
+    n_steps = n_steps or CAPSTONE_STEPS
+    steps, _ = functions("block", solution)
+    values, grads = reference("block")
+    try:
+        ready = all(np.abs(np.asarray(fn(**arguments(fn, values, grads))) - grads[name[2:]]).max() <= TOL
+                    for name, fn in steps.items())
+    except Exception:
+        ready = False
+    if not ready:
+        if verbose:
+            print("\nThe capstone trains the block with your steps once they all match autograd's.")
+        return None
+    mine, trained = train(steps, n_steps)
+    theirs, _ = train(None, n_steps)
+    if verbose:
+        print(f"\n== The capstone: {n_steps} steps of sorting, your backward against autograd's ==")
+        print(f"{'step':>5s} {'your loss':>12s} {'autograd':>12s} {'difference':>11s}")
+        for i in sorted({*range(0, n_steps, max(1, n_steps // 8)), n_steps - 1}):
+            print(f"{i + 1:5d} {mine[i]:12.6f} {theirs[i]:12.6f} {abs(mine[i] - theirs[i]):11.1e}")
+        print(f"Largest difference over the {n_steps} steps: {np.abs(mine - theirs).max():.1e}. "
+              f"Held-out sequences sorted exactly: {held_out_accuracy(trained):.0%}.")
+    draw(mine, theirs, plot)
+    return mine, theirs
+
+
+def draw(mine, theirs, path=None):
+    """The two loss curves, inline in a notebook, or into `path` (a PNG that must not exist yet)."""
+    in_notebook = "ipykernel" in sys.modules
+    if path is None and not in_notebook:
+        return
+    try:
+        import matplotlib
+        if not in_notebook:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib is not installed: pip install matplotlib to see the curves)")
+        return
+    if path is not None and Path(path).exists():
+        raise FileExistsError(f"--plot: {path} exists; give another path or delete it first")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(theirs, lw=4, alpha=0.4, label="autograd")
+    ax.plot(mine, lw=1, color="black", label="your backward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.set_yscale("log")
+    ax.set_title("The block learning to sort")
+    ax.legend()
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"Wrote {path}")
+    else:
+        plt.show()
 
 
 # %%

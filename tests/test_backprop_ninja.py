@@ -156,8 +156,41 @@ def test_the_script_runs_with_every_step_blank_and_shows_only_the_next_hint():
             "product (see docs/backprop_through_attention.md §1a Sums and broadcasts") in out
     assert "dH2 .. dWemb    | not written (35 steps)" in out
     assert "The block, 42 of 42 steps and 2 of 2 fused forms.\nNext: d_p." in out
+    assert "The capstone trains the block with your steps once they all match autograd's." in out
     every = run_script("--hints")
     assert every.count("(see docs/backprop_through_attention.md §") == 7 + 1 + 9 + 1 + 42 + 2
+
+
+def test_the_capstone_trains_along_autograds_loss_curve(ninja, solution):
+    """With the solution's steps (no autograd in the backward) the loss curve is autograd's,
+    to rounding; the block learns to sort."""
+    steps, _ = ninja.functions("block", solution=True)
+    assert all(fn.__module__ == "backprop_ninja_solution" for fn in steps.values())
+    mine, trained = ninja.train(steps, n_steps=200)
+    theirs, _ = ninja.train(None, n_steps=200)
+    assert len(mine) == len(theirs) == 200
+    np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=1e-9)
+    assert mine[-20:].mean() < mine[:20].mean() / 5
+    assert ninja.held_out_accuracy(trained) > 0.5
+
+
+def test_the_capstone_waits_for_every_step_and_a_wrong_one_leaves_the_curves_apart(ninja, solution, monkeypatch,
+                                                                                  capsys):
+    assert ninja.capstone(solution=False) is None                      # blanks: not ready
+    assert "once they all match autograd's" in capsys.readouterr().out
+    steps, _ = ninja.functions("block", solution=True)
+    steps["d_Fh"] = lambda dFa, Fh: dFa * ninja.normal_cdf(Fh)       # gelu' without h phi(h): trained anyway
+    wrong, _ = ninja.train(steps, n_steps=5)
+    right, _ = ninja.train(None, n_steps=5)
+    assert wrong[0] == right[0] and np.abs(wrong[1:] - right[1:]).max() > 1e-6
+
+
+def test_the_capstone_plots_into_a_new_file_only(ninja, tmp_path, capsys):
+    path = tmp_path / "loss.png"
+    ninja.draw(np.array([1.0, 0.5]), np.array([1.0, 0.5]), str(path))
+    assert path.stat().st_size > 1000 and "Wrote" in capsys.readouterr().out
+    with pytest.raises(FileExistsError, match="exists"):
+        ninja.draw(np.array([1.0]), np.array([1.0]), str(path))
 
 
 def test_it_runs_as_a_notebook_cell_by_cell(monkeypatch, capsys):
@@ -169,8 +202,10 @@ def test_it_runs_as_a_notebook_cell_by_cell(monkeypatch, capsys):
     monkeypatch.chdir(EXAMPLES)
     monkeypatch.setattr(sys, "argv", ["ipykernel_launcher.py", "-f", "/tmp/kernel-1.json"])
     monkeypatch.setenv("BACKPROP_NINJA_SOLUTION", "1")  # so the last cell has something to show
+    monkeypatch.setenv("BACKPROP_NINJA_STEPS", "10")
     namespace = {"__name__": "__main__"}
     for cell in cells:
         exec(compile(cell, str(SCRIPT), "exec"), namespace)
     out = capsys.readouterr().out
     assert "Every gradient matches autograd's." in out and "(the solution)" in out
+    assert "== The capstone: 10 steps of sorting" in out
