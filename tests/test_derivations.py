@@ -380,6 +380,50 @@ def test_what_pytorch_gives_for_a_query_with_every_key_masked():
         close(out.data[[0, 2]], without[[0, 2]].detach().numpy(), 1e-10)
 
 
+# 5b. Flash-style attention ---------------------------------------------------
+
+def test_the_online_softmax_gives_the_softmax_and_the_log_sum_exp():
+    """The recurrences m, l, o over blocks of keys end at O_i = sum_k P_ik v_k and
+    m + log l = log sum_k e^{S_ik}, whatever the blocks."""
+    s, v = rng.normal(size=7) * 4, rng.normal(size=(7, 3))
+    for cuts in ([0, 7], [0, 1, 4, 7], [0, 2, 3, 5, 6, 7]):
+        m, l, o = -np.inf, 0.0, np.zeros(3)
+        for a, b in zip(cuts, cuts[1:]):
+            m_new = max(m, s[a:b].max())
+            l = np.exp(m - m_new) * l + np.exp(s[a:b] - m_new).sum()
+            o = np.exp(m - m_new) * o + np.exp(s[a:b] - m_new) @ v[a:b]
+            m = m_new
+            seen = s[:b]
+            close([l, o], [np.exp(seen - m).sum(), np.exp(seen - m) @ v[:b]], 1e-12)   # the invariant
+        close(o / l, nb.softmax_forward(s) @ v, 1e-12)
+        close(m + np.log(l), np.log(np.exp(s).sum()), 1e-12)
+        close(np.exp(s - (m + np.log(l))), nb.softmax_forward(s), 1e-12)             # P from lse alone
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_rowsum_of_gp_times_p_is_rowsum_of_go_times_o(dropout):
+    """With G_P = (G_O V^T) * M and O = (P * M) V: rowsum(G_P * P) = rowsum(G_O * O)."""
+    n, S, d_v = 3, 5, 4
+    P = nb.softmax_forward(rng.normal(size=(n, S)))
+    V, GO = rng.normal(size=(S, d_v)), rng.normal(size=(n, d_v))
+    M = (rng.random((n, S)) > 0.3) / 0.7 if dropout else np.ones((n, S))
+    O, GP = (P * M) @ V, (GO @ V.T) * M
+    close((GP * P).sum(-1), (GO * O).sum(-1), 1e-12)
+    assert np.abs((GP * P).sum(-1)).min() > 1e-3                  # not trivially zero
+
+
+def test_the_flash_backward_from_o_and_lse_matches_finite_differences():
+    """numpy_flash's backward, which sees only Q, K, V, O, lse and G_O, against central differences."""
+    from tinygrad_attn.reference import numpy_flash as nf
+    Q, K, V, GO = rng.normal(size=(4, 3)), rng.normal(size=(6, 3)), rng.normal(size=(6, 2)), rng.normal(size=(4, 2))
+    causal = np.tril(np.ones((4, 6), bool), k=2)                  # a boolean mask: True = may attend
+    L = lambda: np.sum(GO * nf.flash_attention_forward(Q, K, V, causal, block_size=4)[0])
+    O, lse = nf.flash_attention_forward(Q, K, V, causal, block_size=4)
+    close(O, attention_forward(Q, K, V, causal), 1e-12)
+    GQ, GK, GV, _ = nf.flash_attention_backward(Q, K, V, O, lse, GO, causal, block_size=4)
+    close([GQ, GK, GV], [numerical_grad(L, Q), numerical_grad(L, K), numerical_grad(L, V)])
+
+
 # 6. Multi-head: the seeds' example -------------------------------------------
 
 def test_multi_head_split_concat_and_output_projection():
