@@ -914,6 +914,37 @@ def test_cross_attention_sends_the_memory_gradient_of_every_decoder_layer():
     close(m.grad.data, sum(c.grad.data for c in copies), 1e-12)
 
 
+# 13a. The KV cache -----------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_causal_stack_never_changes_a_past_position_so_its_keys_and_values_can_be_cached(causal):
+    """h_t at every layer depends on x_1..x_t only, with the causal mask: appending x_{t+1}
+    leaves every past layer input (so every past key and value) as it was. Without the mask
+    every past position changes."""
+    d, T = 8, 5
+    stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 2, 16, dropout=0.0, batch_first=True), 3).double()
+    stack.eval()
+    X = rng.normal(size=(1, T + 1, d))
+
+    def layer_inputs(x):
+        """Each layer's input and the keys it computes, for the positions of x."""
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]).astype(bool) if causal else None
+        h, seen = tg.Tensor(x), []
+        for layer in stack.layers:
+            W_k = layer.self_attn.in_proj_weight.data[d:2 * d]
+            seen.append((h.data, h.data @ W_k.T))           # the layer's input and its keys
+            h = layer(h, src_mask=mask, is_causal=causal)
+        return seen
+
+    with tg.no_grad():
+        before, after = layer_inputs(X[:, :T]), layer_inputs(X)
+    for i, ((h0, k0), (h1, k1)) in enumerate(zip(before, after)):
+        if causal or i == 0:                                # layer 0's input is the embedded data itself
+            close([h1[:, :T], k1[:, :T]], [h0, k0], 1e-12)  # the past is unchanged: cache it
+        else:
+            assert np.abs(h1[:, :T] - h0).max() > 1e-3      # every past position moved
+
+
 # 14. Stepping through the code ------------------------------------------------
 
 def test_the_reference_graph_holds_primitive_ops_and_no_max():
