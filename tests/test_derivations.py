@@ -380,6 +380,29 @@ def test_what_pytorch_gives_for_a_query_with_every_key_masked():
         close(out.data[[0, 2]], without[[0, 2]].detach().numpy(), 1e-10)
 
 
+# 5a. Worked numbers -----------------------------------------------------------
+
+def test_the_worked_numbers_of_section_5a_are_the_walkthroughs(capsys):
+    """The numbers in section 5a are what examples/attention_walkthrough.py prints, and its
+    by-hand G_S = P * (G_P - rowsum(G_P * P)) (and G_P, G_Q, G_K, G_V) are autograd's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("attention_walkthrough", ROOT / "examples" / "attention_walkthrough.py")
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    _, _, inter, _ = walk.run()
+    capsys.readouterr()
+    worked = walk.worked_numbers(inter)
+    printed = capsys.readouterr().out
+    block = DOC.read_text().split("## 5a. ")[1].split("```")[1].strip("\n")
+    assert block.count("\n") >= 10 and block in printed
+    for name, (by_hand, autograd) in worked.items():
+        close(by_hand, autograd, 1e-15)
+    P, G_P = inter["weights[0]"].data, inter["weights[0]"].grad.data
+    close(worked["G_S"][0], nb.softmax_backward(P, G_P), 1e-15)
+    assert float(re.search(r"at most (\S+)\)", DOC.read_text().split("## 5a. ")[1]).group(1)) >= max(
+        np.abs(a - b).max() for a, b in worked.values())
+
+
 # 5b. Flash-style attention ---------------------------------------------------
 
 def test_the_online_softmax_gives_the_softmax_and_the_log_sum_exp():
