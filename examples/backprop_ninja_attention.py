@@ -806,7 +806,7 @@ def main(argv=None, verbose=True):
         counts = "; ".join(f"{PARTS[p]['title']}, {n} of {len(PARTS[p]['steps'])} steps and {f} of "
                            f"{len(PARTS[p]['fused'])} fused forms" for p, (n, f) in left.items() if n or f)
         table.say(f"\nNot written yet: {counts}.\nNext: {table.next_blank}. Replace its blank(...) and run "
-                  "again; --solution shows the answers, --hints every hint.")
+                  "again; --solution (SOLUTION = True) shows the answers, --hints (ALL_HINTS = True) every hint.")
     else:
         table.say("\nEvery gradient matches autograd's." if not wrong else f"\nNot yet equal to autograd's: {wrong}")
     if not args.no_capstone:
