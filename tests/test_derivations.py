@@ -171,7 +171,7 @@ def test_a_sum_backward_is_a_broadcast_and_a_broadcast_backward_is_a_sum():
     c, z, Gy = rng.normal(size=(3, 1)), rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
     for op in (operator.add, operator.mul):
         Gc = (Gy * (z if op is operator.mul else 1)).sum(-1, keepdims=True)
-        close(Gc, numerical_grad(lambda: np.sum(Gy * op(c, z)), c))
+        close(Gc, numerical_grad(lambda op=op: np.sum(Gy * op(c, z)), c))
         close(Gc, tg_grads(lambda a, op=op: op(a, tg.Tensor(z)), c, Gy)[0], 1e-12)
     X, W, GQ = rng.normal(size=(2, 1, 3, 4)), rng.normal(size=(5, 4, 2)), rng.normal(size=(2, 5, 3, 2))
     GX = (GQ @ W.swapaxes(-1, -2)).sum(1, keepdims=True)    # summed over the 5 heads it was copied to
@@ -386,7 +386,8 @@ def test_the_worked_numbers_of_section_5a_are_the_walkthroughs(capsys):
     """The numbers in section 5a are what examples/attention_walkthrough.py prints, and its
     by-hand G_S = P * (G_P - rowsum(G_P * P)) (and G_P, G_Q, G_K, G_V) are autograd's."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("attention_walkthrough", ROOT / "examples" / "attention_walkthrough.py")
+    path = ROOT / "examples" / "attention_walkthrough.py"
+    spec = importlib.util.spec_from_file_location("attention_walkthrough", path)
     walk = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(walk)
     _, _, inter, _ = walk.run()
@@ -395,7 +396,7 @@ def test_the_worked_numbers_of_section_5a_are_the_walkthroughs(capsys):
     printed = capsys.readouterr().out
     block = DOC.read_text().split("## 5a. ")[1].split("```")[1].strip("\n")
     assert block.count("\n") >= 10 and block in printed
-    for name, (by_hand, autograd) in worked.items():
+    for by_hand, autograd in worked.values():
         close(by_hand, autograd, 1e-15)
     P, G_P = inter["weights[0]"].data, inter["weights[0]"].grad.data
     close(worked["G_S"][0], nb.softmax_backward(P, G_P), 1e-15)
@@ -407,20 +408,20 @@ def test_the_worked_numbers_of_section_5a_are_the_walkthroughs(capsys):
 
 def test_the_online_softmax_gives_the_softmax_and_the_log_sum_exp():
     """The recurrences m, l, o over blocks of keys end at O_i = sum_k P_ik v_k and
-    m + log l = log sum_k e^{S_ik}, whatever the blocks."""
+    m + log l = log sum_k e^{S_ik}, whatever the blocks (l is `total` here)."""
     s, v = rng.normal(size=7) * 4, rng.normal(size=(7, 3))
     for cuts in ([0, 7], [0, 1, 4, 7], [0, 2, 3, 5, 6, 7]):
-        m, l, o = -np.inf, 0.0, np.zeros(3)
+        m, total, o = -np.inf, 0.0, np.zeros(3)
         for a, b in zip(cuts, cuts[1:]):
             m_new = max(m, s[a:b].max())
-            l = np.exp(m - m_new) * l + np.exp(s[a:b] - m_new).sum()
+            total = np.exp(m - m_new) * total + np.exp(s[a:b] - m_new).sum()
             o = np.exp(m - m_new) * o + np.exp(s[a:b] - m_new) @ v[a:b]
             m = m_new
             seen = s[:b]
-            close([l, o], [np.exp(seen - m).sum(), np.exp(seen - m) @ v[:b]], 1e-12)   # the invariant
-        close(o / l, nb.softmax_forward(s) @ v, 1e-12)
-        close(m + np.log(l), np.log(np.exp(s).sum()), 1e-12)
-        close(np.exp(s - (m + np.log(l))), nb.softmax_forward(s), 1e-12)             # P from lse alone
+            close([total, o], [np.exp(seen - m).sum(), np.exp(seen - m) @ v[:b]], 1e-12)   # the invariant
+        close(o / total, nb.softmax_forward(s) @ v, 1e-12)
+        close(m + np.log(total), np.log(np.exp(s).sum()), 1e-12)
+        close(np.exp(s - (m + np.log(total))), nb.softmax_forward(s), 1e-12)             # P from lse alone
 
 
 @pytest.mark.parametrize("dropout", [False, True])
@@ -430,8 +431,8 @@ def test_rowsum_of_gp_times_p_is_rowsum_of_go_times_o(dropout):
     P = nb.softmax_forward(rng.normal(size=(n, S)))
     V, GO = rng.normal(size=(S, d_v)), rng.normal(size=(n, d_v))
     M = (rng.random((n, S)) > 0.3) / 0.7 if dropout else np.ones((n, S))
-    O, GP = (P * M) @ V, (GO @ V.T) * M
-    close((GP * P).sum(-1), (GO * O).sum(-1), 1e-12)
+    out, GP = (P * M) @ V, (GO @ V.T) * M
+    close((GP * P).sum(-1), (GO * out).sum(-1), 1e-12)
     assert np.abs((GP * P).sum(-1)).min() > 1e-3                  # not trivially zero
 
 
@@ -441,9 +442,9 @@ def test_the_flash_backward_from_o_and_lse_matches_finite_differences():
     Q, K, V, GO = rng.normal(size=(4, 3)), rng.normal(size=(6, 3)), rng.normal(size=(6, 2)), rng.normal(size=(4, 2))
     causal = np.tril(np.ones((4, 6), bool), k=2)                  # a boolean mask: True = may attend
     L = lambda: np.sum(GO * nf.flash_attention_forward(Q, K, V, causal, block_size=4)[0])
-    O, lse = nf.flash_attention_forward(Q, K, V, causal, block_size=4)
-    close(O, attention_forward(Q, K, V, causal), 1e-12)
-    GQ, GK, GV, _ = nf.flash_attention_backward(Q, K, V, O, lse, GO, causal, block_size=4)
+    out, lse = nf.flash_attention_forward(Q, K, V, causal, block_size=4)
+    close(out, attention_forward(Q, K, V, causal), 1e-12)
+    GQ, GK, GV, _ = nf.flash_attention_backward(Q, K, V, out, lse, GO, causal, block_size=4)
     close([GQ, GK, GV], [numerical_grad(L, Q), numerical_grad(L, K), numerical_grad(L, V)])
 
 

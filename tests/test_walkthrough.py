@@ -101,7 +101,7 @@ def test_output_is_deterministic_and_mentions_every_step(walkthrough, run, capsy
 def test_the_worked_numbers_of_head_0_by_hand_equal_autograds(run):
     worked, out = run[0]["worked"], run[1]
     assert set(worked) == {"G_P", "G_S", "G_Q", "G_K", "G_V"}
-    for name, (by_hand, autograd) in worked.items():
+    for by_hand, autograd in worked.values():
         np.testing.assert_allclose(by_hand, autograd, rtol=0, atol=1e-15)
     assert "r_0 = sum_j G_P[0, j] P[0, j] = (0.8516)(0.1286) + (-0.0141)(0.8714) = 0.0973" in out
     assert "G_S[1, 1] = P[1, 1] (G_P[1, 1] - r_1) = 0.2723 (-0.0542 - 0.8302) = -0.2408" in out
