@@ -400,6 +400,10 @@ def test_the_worked_numbers_of_section_5a_are_the_walkthroughs(capsys):
         close(by_hand, autograd, 1e-15)
     P, G_P = inter["weights[0]"].data, inter["weights[0]"].grad.data
     close(worked["G_S"][0], nb.softmax_backward(P, G_P), 1e-15)
+    factor = P[:, 0] * (1 - P[:, 0])                         # two keys: G_S[i, 0] = p(1-p)(G_P[i,0] - G_P[i,1])
+    close(worked["G_S"][0][:, 0], factor * (G_P[:, 0] - G_P[:, 1]), 1e-15)
+    text = " ".join(DOC.read_text().split("## 5a. ")[1].split())
+    assert f"is {factor[0]:.3f} for 'Thinking'" in text and f"against {factor[1]:.3f} for 'Machines'" in text
     assert float(re.search(r"at most (\S+)\)", DOC.read_text().split("## 5a. ")[1]).group(1)) >= max(
         np.abs(a - b).max() for a, b in worked.values())
 
