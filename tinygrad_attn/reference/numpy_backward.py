@@ -132,8 +132,13 @@ def layer_norm_backward(x, weight, grad, normalized_ndim=1, eps=1e-5):
     The first term is the direct path; the two means are what x gives
     through its own mean (a shift: subtract the mean of gw) and its own
     variance (a scale: remove the part of gw along xhat). So dL/dx sums to 0
-    over a row and is orthogonal to xhat. (The fused op:
-    tinygrad_attn.ops.layer_norm.LayerNormOp.)
+    over a row, exactly. It is orthogonal to xhat only when eps = 0: per row,
+
+        dL/dx . xhat = eps (gw . xhat) / sigma^3,    sigma = sqrt(var + eps)
+
+    since sum(xhat^2) = d (1 - eps / sigma^2) falls short of d (tiny at
+    eps = 1e-5 for rows of unit size, not zero; docs/backprop_through_attention.md
+    section 7). (The fused op: tinygrad_attn.ops.layer_norm.LayerNormOp.)
     """
     xhat, rstd, axes = _normalized(x, normalized_ndim, eps)
     gw = grad * weight
