@@ -1,28 +1,35 @@
-"""The seed notes' attention example, every number printed, every gradient checked.
+# %% [markdown]
+# # The seed notes' attention example, every number printed, every gradient checked
+#
+# Two words, "Thinking" and "Machines" (the figure the seed notes reproduce),
+# with embeddings of dimension 4: the rows of X. One head first:
+# Q = X W^Q, K = X W^K, V = X W^V, the 2x2 score matrix Q K^T whose entry
+# [i][j] is the influence of word j on word i, divided by sqrt(d_k), turned
+# into weights by softmax, and the weighted sum of values. Then 8 heads, each
+# giving a (2, 3) result Z_i, concatenated to (2, 24) and projected back to
+# (2, 4) by W^O.
+#
+# Backward runs from the simple loss L = 1/2 * sum(Y^2) (so dL/dY = Y). Every
+# intermediate's gradient and the gradients of W^Q, W^K, W^V, W^O and X are
+# printed and compared with finite differences. Then:
+#
+# - dL/dX split into its three paths, through the queries, the keys and the
+#   values of all heads, which sum to X.grad;
+# - why each row of the softmax's input gradient, and the gradients of the
+#   keys, sum to zero (the queries' do not);
+# - the worked numbers of head 0: section 5's G_S = P * (G_P - rowsum(G_P * P)),
+#   then G_Q, G_K and G_V, computed by hand next to autograd's;
+# - a causal variant ("Thinking" may not look at "Machines");
+# - a cross-entropy loss on a small classifier instead of 1/2 sum(Y^2).
+#
+# Read it side by side with docs/backprop_through_attention.md.
+#
+#     python examples/attention_walkthrough.py
+#
+# The notebook examples/attention_walkthrough.ipynb holds the same cells
+# (generated from this file by examples/make_notebooks.py).
 
-Two words, "Thinking" and "Machines" (the figure the seed notes reproduce),
-with embeddings of dimension 4: the rows of X. One head first:
-Q = X W^Q, K = X W^K, V = X W^V, the 2x2 score matrix Q K^T whose entry
-[i][j] is the influence of word j on word i, divided by sqrt(d_k), turned
-into weights by softmax, and the weighted sum of values. Then 8 heads, each
-giving a (2, 3) result Z_i, concatenated to (2, 24) and projected back to
-(2, 4) by W^O.
-
-Backward runs from the simple loss L = 1/2 * sum(Y^2) (so dL/dY = Y). Every
-intermediate's gradient and the gradients of W^Q, W^K, W^V, W^O and X are
-printed and compared with finite differences. Then:
-
-- dL/dX split into its three paths, through the queries, the keys and the
-  values of all heads, which sum to X.grad;
-- why each row of the softmax's input gradient, and the gradients of the
-  keys, sum to zero (the queries' do not);
-- a causal variant ("Thinking" may not look at "Machines");
-- a cross-entropy loss on a small classifier instead of 1/2 sum(Y^2).
-
-Read it side by side with docs/backprop_through_attention.md.
-
-    python examples/attention_walkthrough.py
-"""
+# %%
 import argparse
 import math
 
@@ -144,6 +151,18 @@ def show_weights(weights, indent="  "):
         print(f"{indent}{word!r} attends {parts}")
 
 
+def options(argv=None):
+    """The command line: --seed. Unknown arguments are ignored (a Jupyter kernel passes its own)."""
+    parser = argparse.ArgumentParser(description="The seed notes' attention example (2 words, 8 heads): "
+                                     "every number printed, every gradient checked.")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the example's numbers (default {SEED})")
+    return parser.parse_known_args(argv)[0]
+
+
+# %% [markdown]
+# ## Forward, head by head, and every gradient against finite differences
+
+# %%
 def walkthrough(seed=SEED, verbose=True):
     """The forward story and every gradient against finite differences.
     Returns ({name: max |analytic - numeric|}, intermediates)."""
@@ -199,6 +218,16 @@ def walkthrough(seed=SEED, verbose=True):
     return errors, inter
 
 
+# %%
+if __name__ == "__main__":  # in the notebook and as a script; importing the file runs nothing
+    seed = options().seed
+    errors, inter = walkthrough(seed)
+
+
+# %% [markdown]
+# ## dL/dX along its three paths
+
+# %%
 def three_paths(seed=SEED, verbose=True):
     """dL/dX = (through the queries) + (through the keys) + (through the values).
 
@@ -227,6 +256,15 @@ def three_paths(seed=SEED, verbose=True):
     return result
 
 
+# %%
+if __name__ == "__main__":
+    paths = three_paths(seed)
+
+
+# %% [markdown]
+# ## Why softmax rows and key gradients sum to zero
+
+# %%
 def zero_sums(inter, verbose=True, label=""):
     """Per head: the row sums of dL/dscaled, the sum over keys of dL/dK and,
     for contrast, over queries of dL/dQ. Returns the largest absolute of each."""
@@ -249,6 +287,61 @@ def zero_sums(inter, verbose=True, label=""):
     return {"rows": rows, "keys": keys, "queries": queries}
 
 
+# %%
+if __name__ == "__main__":
+    sums = zero_sums(inter)
+
+
+# %% [markdown]
+# ## Worked numbers: section 5 by hand for head 0
+#
+# The four lines of section 5's backward, on head 0's 2 x 2 numbers, one
+# entry at a time, next to what autograd gave: G_P = G_Z V^T (from above,
+# through Z = P V), the row sums r_i = sum_j G_P[i, j] P[i, j],
+# G_S = P * (G_P - r), and from it G_Q, G_K and G_V.
+
+# %%
+def worked_numbers(inter, verbose=True):
+    """Section 5 by hand for head 0. Returns {name: (by hand, autograd's)} for G_P, G_S, G_Q, G_K, G_V."""
+    P, G_P = inter["weights[0]"].data, inter["weights[0]"].grad.data
+    Q, K, V, G_Z = inter["Q[0]"].data, inter["K[0]"].data, inter["V[0]"].data, inter["Z[0]"].grad.data
+    r = [sum(G_P[i, j] * P[i, j] for j in range(N_WORDS)) for i in range(N_WORDS)]   # rowsum(G_P * P)
+    G_S = np.array([[P[i, j] * (G_P[i, j] - r[i]) for j in range(N_WORDS)] for i in range(N_WORDS)])
+    G_Q = G_S @ K / math.sqrt(D_K)
+    G_K = G_S.T @ Q / math.sqrt(D_K)
+    G_V = P.T @ G_Z
+    result = {"G_P": (G_Z @ V.T, G_P), "G_S": (G_S, inter["scaled[0]"].grad.data),
+              "G_Q": (G_Q, inter["Q[0]"].grad.data),
+              "G_K": (G_K, inter["K[0]"].grad.data), "G_V": (G_V, inter["V[0]"].grad.data)}
+    if verbose:
+        print("\n== Worked numbers: section 5 by hand, head 0 ==")
+        show("P = weights[0]", P)
+        show("G_P = dL/dweights[0], autograd's (it comes from above: G_P = G_Z V^T)", G_P)
+        for i in range(N_WORDS):
+            terms = " + ".join(f"({G_P[i, j]:.4f})({P[i, j]:.4f})" for j in range(N_WORDS))
+            print(f"  r_{i} = sum_j G_P[{i}, j] P[{i}, j] = {terms} = {r[i]:.4f}")
+        for i in range(N_WORDS):
+            for j in range(N_WORDS):
+                print(f"  G_S[{i}, {j}] = P[{i}, {j}] (G_P[{i}, {j}] - r_{i}) = {P[i, j]:.4f} "
+                      f"({G_P[i, j]:.4f} - {r[i]:.4f}) = {G_S[i, j]:.4f}")
+        for name, (mine, theirs) in result.items():
+            show(f"{name} by hand", mine)
+            show(f"{name} autograd's", theirs)
+            print(f"      max |by hand - autograd| = {np.abs(mine - theirs).max():.1e}")
+        print("  G_P = G_Z V^T, G_Q = G_S K / sqrt(d_k), G_K = G_S^T Q / sqrt(d_k), G_V = P^T G_Z. With two "
+              f"keys each row of G_S is (a, -a): it sums to 0 ({np.abs(G_S.sum(1)).max():.1e}).")
+    return result
+
+
+# %%
+if __name__ == "__main__":
+    worked = worked_numbers(inter)
+
+
+# %% [markdown]
+# ## A causal variant
+
+# %%
 def causal_variant(seed=SEED, verbose=True):
     """The same example with a causal mask. Returns the numbers the claims rest on."""
     X, W, inter, _ = run(seed, causal=True)
@@ -276,6 +369,15 @@ def causal_variant(seed=SEED, verbose=True):
     return result
 
 
+# %%
+if __name__ == "__main__":
+    causal = causal_variant(seed)
+
+
+# %% [markdown]
+# ## Cross-entropy on a small classifier
+
+# %%
 def cross_entropy_variant(seed=SEED, verbose=True):
     """A classifier on Y and a cross-entropy loss. Returns the numbers the claims rest on."""
     X, W, inter, loss = run(seed, loss="cross_entropy")
@@ -302,20 +404,25 @@ def cross_entropy_variant(seed=SEED, verbose=True):
     return result
 
 
-def main(argv=None, seed=SEED, verbose=True):
-    parser = argparse.ArgumentParser(description="The seed notes' attention example (2 words, 8 heads): "
-                                     "every number printed, every gradient checked.")
-    parser.add_argument("--seed", type=int, default=seed, help=f"seed of the example's numbers (default {seed})")
-    seed = parser.parse_args(argv if argv is not None else []).seed
+# %%
+if __name__ == "__main__":
+    ce = cross_entropy_variant(seed)
+
+
+# %% [markdown]
+# ## Everything at once
+#
+# `main()` runs every part above and returns their numbers (the tests use it).
+
+# %%
+def main(argv=None, verbose=True):
+    """Every part, for the seed of --seed in argv; returns their results by part."""
+    seed = options(argv if argv is not None else []).seed
     errors, inter = walkthrough(seed, verbose)
     paths = three_paths(seed, verbose)
     sums = zero_sums(inter, verbose)
+    worked = worked_numbers(inter, verbose)
     causal = causal_variant(seed, verbose)
     ce = cross_entropy_variant(seed, verbose)
-    return {"errors": errors, "inter": inter, "paths": paths, "zero_sums": sums, "causal": causal,
-            "cross_entropy": ce}
-
-
-if __name__ == "__main__":
-    import sys
-    main(sys.argv[1:])
+    return {"errors": errors, "inter": inter, "paths": paths, "zero_sums": sums, "worked": worked,
+            "causal": causal, "cross_entropy": ce}

@@ -12,13 +12,16 @@ the same way when it arrives.
 What to see (docs/backprop_through_attention.md, section 8):
 - pre-norm: each layer gives G_x = G_y + J^T G_y, so the top's gradient
   reaches x unchanged as one term of the sum, whatever the sub-layers do;
-  the second table shows it exactly, with the sub-layers cut off.
+  the second table shows it exactly, with the sub-layers cut off. Each
+  layer adds its J^T G_y, so the whole gradient grows on the way down.
 - post-norm: G_x = G_z + J^T G_z with G_z = J_LN^T G_y: the residual path
   goes through each LayerNorm's Jacobian, two per layer, 12 in the stack.
   The gradient is not passed on unchanged, and in the second table it
   shrinks and turns on the way. Stacking blocks does multiply Jacobians
   here, the LayerNorms'; it is the sub-layers' Jacobians the residual
-  spares it.
+  spares it. Still, at 6 layers the whole gradient's size barely changes:
+  nothing vanishes (post-norm's difficulty is another: it needs a
+  learning-rate warmup, section 8).
 - no residual: the gradient reaches x only through the sub-layers (and
   their LayerNorms). It points elsewhere when it arrives (cos near 0) and,
   here, is much smaller. Its size depends on the draw, as each LayerNorm

@@ -1,6 +1,7 @@
 """Helpers for the nn tests: gradcheck of a whole module, the ops in a graph, numpy references
-written from the seeds' formulas (a loop over heads, each with its own
-W_Q^i, W_K^i, W_V^i), and a hypothesis strategy for attention set-ups."""
+written from the formulas of the seed notes (the lecture notes this project's
+math comes from; README.md, "Learn"): a loop over heads, each with its own
+W_Q^i, W_K^i, W_V^i; and a hypothesis strategy for attention set-ups."""
 from typing import NamedTuple, Optional
 
 import numpy as np

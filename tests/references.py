@@ -1,4 +1,5 @@
-"""The dropout hash, written again for the tests, and the masks it gives.
+"""The dropout hash, written again for the tests, and the masks it gives;
+LayerNorm's reference on rows too large to square.
 
 The plain numpy versions of the fused ops, forward and backward, live in
 the package (tinygrad_attn.reference.numpy_backward); what is here rebuilds the
@@ -35,3 +36,41 @@ def attention_keep(q, k, v, mask, p, key):
     `dropout_keep` says."""
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], () if mask is None else mask.shape[:-2])
     return dropout_keep(batch + (q.shape[-2], k.shape[-2]), p, key)
+
+
+# --------------------------------------------------- LayerNorm on huge rows
+
+def huge_rows(dtype, big, n=16, seed=0):
+    """Three rows of n values: two of magnitude `big` (whose squares overflow
+    `dtype`; |x| <= big, so x - mean stays representable) and an ordinary one."""
+    x = np.random.default_rng(seed).standard_normal((3, n))
+    x[:2] *= big / np.abs(x[:2]).max()
+    return x.astype(dtype)
+
+
+def torch_layer_norm(x, weight, bias, grad, eps=1e-5):
+    """(y, dx, dw, db) of torch's layer_norm over the last axis of a (rows, n)
+    array, in float64, for the loss sum(grad * y).
+
+    Each row is divided first by a power of two c near its largest |x| (exact;
+    c = 1 below 1) and normalised with eps / c^2: the same function, so a row
+    too large to square even in float64 (1e200) has a reference too. The
+    gradient of x / c is what torch's autograd differentiates through."""
+    import torch
+    as64 = lambda a: torch.tensor(np.asarray(a, np.float64), requires_grad=True)  # noqa: E731
+    xt, wt, bt = as64(x), as64(weight), as64(bias)
+    biggest = np.abs(x.astype(np.float64)).max(axis=-1)
+    c = np.exp2(np.floor(np.log2(np.maximum(biggest, 1.0))))
+    y = torch.stack([torch.nn.functional.layer_norm(xt[r] / float(c[r]), (x.shape[-1],), wt, bt,
+                                                    eps / float(c[r]) / float(c[r])) for r in range(len(x))])
+    (y * torch.tensor(np.asarray(grad, np.float64))).sum().backward()
+    return [t.detach().numpy() for t in (y, xt.grad, wt.grad, bt.grad)]
+
+
+def assert_rows_close(actual, expected, rtol):
+    """Row by row to rtol, on the scale of each row of `expected` (the
+    gradient of a row of 1e30 is of order 1e-30, of an ordinary row 1)."""
+    actual, expected = np.atleast_2d(actual), np.atleast_2d(expected)
+    assert np.isfinite(actual).all(), actual
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * np.abs(e).max())

@@ -14,6 +14,7 @@ of the document's formulas below, e.g. `G_x = G_z - J^T G_z` in
 `test_residual_add_and_norm`, and that test fails.
 """
 import math
+import operator
 import re
 from pathlib import Path
 
@@ -68,6 +69,8 @@ def close(a, b, tol=1e-7):
 
 
 # Notation: the seed notes' symbols --------------------------------------------
+# (the seed notes: the lecture notes this project's math comes from, README.md "Learn";
+# docs/backprop_through_attention.md maps their symbols to the code's)
 
 def test_seed_notation_context_vector_is_a_row_of_the_output():
     """alpha_ij = exp(q^<i>.k^<j> / sqrt d_k) / sum_j' exp(...), C^<i> = sum_j alpha_ij v^<j> = O[i]."""
@@ -159,6 +162,25 @@ def test_linear_layer_gradients_and_the_bias_sum():
     close([xt.grad.data, layer.weight.grad.data, layer.bias.grad.data], [Gx, GW, Gb])
 
 
+# 1a. Sums and broadcasts -----------------------------------------------------
+
+def test_a_sum_backward_is_a_broadcast_and_a_broadcast_backward_is_a_sum():
+    """y = x.sum(-1, keepdims): G_x[r, j] = G_y[r]. y = x (n, 1) broadcast against z (n, m):
+    G_x[r] = sum_j G_y[r, j]; the same over a leading axis (heads) that broadcasting adds."""
+    x, G = rng.normal(size=(3, 4)), rng.normal(size=(3, 1))
+    close(np.broadcast_to(G, (3, 4)), numerical_grad(lambda: np.sum(G * x.sum(-1, keepdims=True)), x))
+    close(np.broadcast_to(G, (3, 4)), tg_grads(lambda a: a.sum(-1, keepdim=True), x, G)[0], 1e-12)
+    c, z, Gy = rng.normal(size=(3, 1)), rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    for op in (operator.add, operator.mul):
+        Gc = (Gy * (z if op is operator.mul else 1)).sum(-1, keepdims=True)
+        close(Gc, numerical_grad(lambda op=op: np.sum(Gy * op(c, z)), c))
+        close(Gc, tg_grads(lambda a, op=op: op(a, tg.Tensor(z)), c, Gy)[0], 1e-12)
+    X, W, GQ = rng.normal(size=(2, 1, 3, 4)), rng.normal(size=(5, 4, 2)), rng.normal(size=(2, 5, 3, 2))
+    GX = (GQ @ W.swapaxes(-1, -2)).sum(1, keepdims=True)    # summed over the 5 heads it was copied to
+    close(GX, numerical_grad(lambda: np.sum(GQ * (X @ W)), X))
+    close(GX, tg_grads(lambda a: a @ tg.Tensor(W), X, GQ)[0], 1e-12)
+
+
 # 2. Softmax -----------------------------------------------------------------
 
 def test_softmax_jacobian_and_fused_vjp():
@@ -182,6 +204,35 @@ def test_log_softmax_vjp():
     close(formula, numerical_grad(lambda: np.sum(G * logsm()), S))
     close(nb.log_softmax_backward(logsm(), G), formula)
     close(formula, tg_grads(lambda t: F.log_softmax(t, dim=-1), S, G)[0])
+
+
+# 2a. The max shift ----------------------------------------------------------
+
+@pytest.mark.parametrize("log", [False, True])
+def test_the_max_shift_changes_no_value_and_gets_no_gradient(log):
+    """softmax(s - c) = softmax(s); with m = max s left in the graph its gradient
+    G_m = -sum_j G_shifted[j] is 0 exactly (rounding in floats), as G_shifted sums to 0 per row;
+    for an upstream gradient that is not a softmax's it is not 0, so only such a check can fail."""
+    s, G = rng.normal(size=(3, 5)) * 3, rng.normal(size=(3, 5))
+    fn = nb.log_softmax_forward if log else nb.softmax_forward
+    close(fn(s - 7.5), fn(s), 1e-12)
+    close(nb.softmax_forward(np.array([[1000.0, 0.0]])), [[1.0, 0.0]], 0)     # no overflow
+    st = tg.Tensor(s.copy(), requires_grad=True)
+    m = st.amax(-1, keepdim=True)
+    m.retain_grad()
+    shifted = st - m
+    shifted.retain_grad()
+    y = shifted.log_softmax(-1) if log else shifted.softmax(-1)
+    (y * tg.Tensor(G)).sum().backward()
+    close(m.grad.data, -shifted.grad.data.sum(-1, keepdims=True), 1e-15)   # G_m = -sum_j G_shifted[j] ...
+    assert np.abs(m.grad.data).max() < 1e-15                                # ... = 0 up to rounding
+    back = nb.log_softmax_backward if log else nb.softmax_backward
+    close(st.grad.data, back(y.data, G), 1e-12)              # so G_s is the softmax's own gradient
+    R = rng.normal(size=(3, 5))                              # not a softmax's input gradient
+    mt = tg.Tensor(s.max(-1, keepdims=True), requires_grad=True)
+    (tg.Tensor(s) - mt).backward(tg.Tensor(R))
+    close(mt.grad.data, -R.sum(-1, keepdims=True), 1e-12)
+    assert np.abs(mt.grad.data).min() > 1e-3
 
 
 # 3-5. Scaling, masking, attention as a whole ----------------------------------
@@ -329,6 +380,78 @@ def test_what_pytorch_gives_for_a_query_with_every_key_masked():
                       attn_mask=blocked.numpy(), need_weights=need_weights)
         close(out.data[1, 0], mha.out_proj.bias.detach().numpy(), 1e-12)
         close(out.data[[0, 2]], without[[0, 2]].detach().numpy(), 1e-10)
+
+
+# 5a. Worked numbers -----------------------------------------------------------
+
+def test_the_worked_numbers_of_section_5a_are_the_walkthroughs(capsys):
+    """The numbers in section 5a are what examples/attention_walkthrough.py prints, and its
+    by-hand G_S = P * (G_P - rowsum(G_P * P)) (and G_P, G_Q, G_K, G_V) are autograd's."""
+    import importlib.util
+    path = ROOT / "examples" / "attention_walkthrough.py"
+    spec = importlib.util.spec_from_file_location("attention_walkthrough", path)
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    _, _, inter, _ = walk.run()
+    capsys.readouterr()
+    worked = walk.worked_numbers(inter)
+    printed = capsys.readouterr().out
+    block = DOC.read_text().split("## 5a. ")[1].split("```")[1].strip("\n")
+    assert block.count("\n") >= 10 and block in printed
+    for by_hand, autograd in worked.values():
+        close(by_hand, autograd, 1e-15)
+    P, G_P = inter["weights[0]"].data, inter["weights[0]"].grad.data
+    close(worked["G_S"][0], nb.softmax_backward(P, G_P), 1e-15)
+    factor = P[:, 0] * (1 - P[:, 0])                         # two keys: G_S[i, 0] = p(1-p)(G_P[i,0] - G_P[i,1])
+    close(worked["G_S"][0][:, 0], factor * (G_P[:, 0] - G_P[:, 1]), 1e-15)
+    text = " ".join(DOC.read_text().split("## 5a. ")[1].split())
+    assert f"is {factor[0]:.3f} for 'Thinking'" in text and f"against {factor[1]:.3f} for 'Machines'" in text
+    assert float(re.search(r"at most (\S+)\)", DOC.read_text().split("## 5a. ")[1]).group(1)) >= max(
+        np.abs(a - b).max() for a, b in worked.values())
+
+
+# 5b. Flash-style attention ---------------------------------------------------
+
+def test_the_online_softmax_gives_the_softmax_and_the_log_sum_exp():
+    """The recurrences m, l, o over blocks of keys end at O_i = sum_k P_ik v_k and
+    m + log l = log sum_k e^{S_ik}, whatever the blocks (l is `total` here)."""
+    s, v = rng.normal(size=7) * 4, rng.normal(size=(7, 3))
+    for cuts in ([0, 7], [0, 1, 4, 7], [0, 2, 3, 5, 6, 7]):
+        m, total, o = -np.inf, 0.0, np.zeros(3)
+        for a, b in zip(cuts, cuts[1:]):
+            m_new = max(m, s[a:b].max())
+            total = np.exp(m - m_new) * total + np.exp(s[a:b] - m_new).sum()
+            o = np.exp(m - m_new) * o + np.exp(s[a:b] - m_new) @ v[a:b]
+            m = m_new
+            seen = s[:b]
+            close([total, o], [np.exp(seen - m).sum(), np.exp(seen - m) @ v[:b]], 1e-12)   # the invariant
+        close(o / total, nb.softmax_forward(s) @ v, 1e-12)
+        close(m + np.log(total), np.log(np.exp(s).sum()), 1e-12)
+        close(np.exp(s - (m + np.log(total))), nb.softmax_forward(s), 1e-12)             # P from lse alone
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_rowsum_of_gp_times_p_is_rowsum_of_go_times_o(dropout):
+    """With G_P = (G_O V^T) * M and O = (P * M) V: rowsum(G_P * P) = rowsum(G_O * O)."""
+    n, S, d_v = 3, 5, 4
+    P = nb.softmax_forward(rng.normal(size=(n, S)))
+    V, GO = rng.normal(size=(S, d_v)), rng.normal(size=(n, d_v))
+    M = (rng.random((n, S)) > 0.3) / 0.7 if dropout else np.ones((n, S))
+    out, GP = (P * M) @ V, (GO @ V.T) * M
+    close((GP * P).sum(-1), (GO * out).sum(-1), 1e-12)
+    assert np.abs((GP * P).sum(-1)).min() > 1e-3                  # not trivially zero
+
+
+def test_the_flash_backward_from_o_and_lse_matches_finite_differences():
+    """numpy_flash's backward, which sees only Q, K, V, O, lse and G_O, against central differences."""
+    from tinygrad_attn.reference import numpy_flash as nf
+    Q, K, V, GO = rng.normal(size=(4, 3)), rng.normal(size=(6, 3)), rng.normal(size=(6, 2)), rng.normal(size=(4, 2))
+    causal = np.tril(np.ones((4, 6), bool), k=2)                  # a boolean mask: True = may attend
+    L = lambda: np.sum(GO * nf.flash_attention_forward(Q, K, V, causal, block_size=4)[0])
+    out, lse = nf.flash_attention_forward(Q, K, V, causal, block_size=4)
+    close(out, attention_forward(Q, K, V, causal), 1e-12)
+    GQ, GK, GV, _ = nf.flash_attention_backward(Q, K, V, out, lse, GO, causal, block_size=4)
+    close([GQ, GK, GV], [numerical_grad(L, Q), numerical_grad(L, K), numerical_grad(L, V)])
 
 
 # 6. Multi-head: the seeds' example -------------------------------------------
@@ -524,6 +647,52 @@ def test_residual_path_is_the_identity_in_pre_norm_and_crosses_every_layer_norm_
     assert np.abs(x.grad.data.sum(-1)).max() < 1e-12 and np.abs(G.sum(-1)).min() > 1e-3
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.5])
+def test_the_transposed_layer_norm_jacobian_applies_gamma_first_and_projects_only_without_eps(eps):
+    """J_LN^T = (1/sigma) (I - 1 1^T/d - xhat xhat^T/d) diag(gamma): gamma first, then the
+    bracket B. B is a projection (B B = B) only at eps = 0."""
+    d = 5
+    x, gamma, G = rng.normal(size=d), rng.uniform(0.3, 3.0, size=d), rng.normal(size=d)
+    sigma = np.sqrt(x.var() + eps)
+    xhat = (x - x.mean()) / sigma
+    B = np.eye(d) - np.ones((d, d)) / d - np.outer(xhat, xhat) / d
+    JT = B @ np.diag(gamma) / sigma
+    J_num = np.stack([numerical_grad(lambda j=j: nb.layer_norm_forward(x, gamma, 0.0, eps=eps)[j], x)
+                      for j in range(d)])                   # J[j, k] = d y_j / d x_k
+    close(JT, J_num.T, 1e-6)
+    close(JT @ G, nb.layer_norm_backward(x, gamma, G, eps=eps)[0], 1e-12)
+    assert np.abs(np.diag(gamma) @ B / sigma @ G - JT @ G).max() > 1e-2   # the other order is wrong
+    if eps == 0:
+        close(B @ B, B, 1e-12)
+    else:
+        assert np.abs(B @ B - B).max() > 1e-3
+
+
+def test_pre_norm_gradient_grows_toward_the_bottom_and_post_norm_barely_changes():
+    """Section 8's table is what examples/gradient_flow.py measures: the norm of the gradient
+    entering each of 6 layers, top to bottom, and at the input, for the same top gradient."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gradient_flow", ROOT / "examples" / "gradient_flow.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    section = DOC.read_text().split("## 8. ")[1].split("\n## ")[0]
+    for name, norm_first in (("pre-norm", True), ("post-norm", False)):
+        r = example.stack_gradients(norm_first)
+        row = re.search(rf"^\| {name} \| ([\d., ]+) \| ([\d.]+) \|$", section, re.M)
+        assert row, name
+        stated = [float(v) for v in row.group(1).split(", ")]
+        close(stated, np.round(r["entering"][::-1], 1), 0)
+        close(float(row.group(2)), round(r["bottom_norm"], 1), 0)
+        assert f"norm {r['top_norm']:.1f} at the top" in " ".join(section.split())
+        growth = np.diff(r["entering"][::-1])               # entering the layers, top to bottom
+        if norm_first:
+            assert (growth > 0).all()                       # grows at every layer on the way down
+        else:
+            assert 0.8 < r["bottom_norm"] / r["top_norm"] < 1.25    # barely changes: no vanishing
+    alone = example.stack_gradients(False, sublayer_grad=False)
+    assert f"arrives as {alone['bottom_norm']:.1f}, turned to cos {alone['cos']:.2f}" in " ".join(section.split())
+
+
 # 9. Cross-entropy -----------------------------------------------------------
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -593,6 +762,15 @@ def test_learned_positional_embedding_gradient_sums_over_the_batch():
     close([layer.weight.grad.data, e.grad.data], [GP, G])
 
 
+def test_the_sinusoidal_table_stops_at_max_len():
+    """The formula holds at every position, the table only up to max_len: a longer input is refused."""
+    layer = nn.PositionalEncoding(6, max_len=8)
+    close(layer.pe.data, nn.positional.sinusoidal_table(12, 6)[:8], 1e-7)
+    layer(tg.Tensor(np.zeros((2, 8, 6))))                  # max_len positions: fine
+    with pytest.raises(tg.ShapeError, match="max_len 8"):
+        layer(tg.Tensor(np.zeros((2, 9, 6))))
+
+
 # 11. Embedding lookup, its sqrt(d_model) scale, tied embeddings ----------------
 
 def scatter_add(shape, tokens, G):
@@ -649,6 +827,30 @@ def test_tied_embeddings_collect_the_gradient_of_both_uses():
     both = untied.tok_emb.weight.grad.data + untied.lm_head.weight.grad.data
     close(tied.tok_emb.weight.grad.data, both, 1e-12)
     assert np.abs(untied.lm_head.weight.grad.data).max() > 1e-3 and np.abs(untied.tok_emb.weight.grad.data).max() > 1e-3
+
+
+# 11a. Gather and scatter-add -------------------------------------------------
+
+def test_a_gather_backward_is_a_scatter_add_and_plain_assignment_loses_repeats():
+    """y[p] = x[idx[p]]: G_x[r] = sum over the p with idx[p] = r of G_y[p] (np.add.at);
+    G_x[idx] += G_y keeps one of the repeats. picked[i] = x[i, t_i]: one place per row."""
+    x, idx, G = rng.normal(size=6), np.array([4, 1, 4, 4, 0]), rng.normal(size=5)
+    Gx = np.zeros(6)
+    np.add.at(Gx, idx, G)
+    close(Gx, numerical_grad(lambda: np.sum(G * x[idx]), x))
+    close(Gx, tg_grads(lambda a: a[idx], x, G)[0], 1e-12)
+    wrong = np.zeros(6)
+    wrong[idx] += G
+    assert abs(wrong[4] - Gx[4]) > 1e-3
+    logp, t, Gp = rng.normal(size=(3, 4)), np.array([2, 0, 2]), rng.normal(size=3)
+    rows = np.arange(3)
+    Glogp = np.zeros((3, 4))
+    Glogp[rows, t] = Gp                                       # distinct places: a plain scatter
+    close(Glogp, numerical_grad(lambda: np.sum(Gp * logp[rows, t]), logp))
+    close(Glogp, tg_grads(lambda a: a[rows, t], logp, Gp)[0], 1e-12)
+    mask = rng.random((3, 4)) < 0.5
+    a, b, Gy = (rng.normal(size=(3, 4)) for _ in range(3))
+    close(tg_grads(lambda a, b: tg.where(tg.Tensor(mask), a, b), a, b, Gy), [Gy * mask, Gy * ~mask], 0)
 
 
 # 12. Feed-forward block and dropout -----------------------------------------
@@ -742,6 +944,61 @@ def test_cross_attention_sends_the_memory_gradient_of_every_decoder_layer():
     close(m.grad.data, sum(c.grad.data for c in copies), 1e-12)
 
 
+# 13a. The KV cache -----------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_causal_stack_never_changes_a_past_position_so_its_keys_and_values_can_be_cached(causal):
+    """h_t at every layer depends on x_1..x_t only, with the causal mask: appending x_{t+1}
+    leaves every past layer input (so every past key and value) as it was. Without the mask
+    every past position changes."""
+    d, T = 8, 5
+    stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 2, 16, dropout=0.0, batch_first=True), 3).double()
+    stack.eval()
+    X = rng.normal(size=(1, T + 1, d))
+
+    def layer_inputs(x):
+        """Each layer's input and the keys it computes, for the positions of x."""
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]).astype(bool) if causal else None
+        h, seen = tg.Tensor(x), []
+        for layer in stack.layers:
+            W_k = layer.self_attn.in_proj_weight.data[d:2 * d]
+            seen.append((h.data, h.data @ W_k.T))           # the layer's input and its keys
+            h = layer(h, src_mask=mask, is_causal=causal)
+        return seen
+
+    with tg.no_grad():
+        before, after = layer_inputs(X[:, :T]), layer_inputs(X)
+    for i, ((h0, k0), (h1, k1)) in enumerate(zip(before, after)):
+        if causal or i == 0:                                # layer 0's input is the embedded data itself
+            close([h1[:, :T], k1[:, :T]], [h0, k0], 1e-12)  # the past is unchanged: cache it
+        else:
+            assert np.abs(h1[:, :T] - h0).max() > 1e-3      # every past position moved
+
+
+# 14. Stepping through the code ------------------------------------------------
+
+def test_the_reference_graph_holds_primitive_ops_and_no_max():
+    """Section 14's list: an encoder layer, a Linear head and cross-entropy under reference_ops()
+    give exactly these ops; no LogSumExp and no Max (the max shift is detached), and backward
+    gives the fused path's gradients."""
+    tg.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    head = nn.Linear(8, 5).double()
+    x, y = rng.normal(size=(2, 3, 8)), np.array([[1, 2, 3], [0, 4, 1]])
+    grads = []
+    for reference in (True, False):
+        xt = tg.Tensor(x.copy(), requires_grad=True)
+        with tg.reference_ops(reference):
+            loss = F.cross_entropy(head(layer(xt)).transpose(1, 2), y)
+        if reference:
+            stated = re.search(r"the graph holds\s+exactly ([\w,\s]+?)\. There is no LogSumExp",
+                               DOC.read_text()).group(1)
+            assert ops_in_graph(loss) == set(re.split(r",\s+|\s+and\s+", stated))
+        loss.backward()
+        grads.append(xt.grad.data)
+    close(grads[0], grads[1], 1e-12)
+
+
 # The document names real code and real tests ----------------------------------------
 
 NUMPY_BACKWARD = ROOT / "tinygrad_attn" / "reference" / "numpy_backward.py"
@@ -794,10 +1051,11 @@ def test_every_section_names_its_tests_and_every_test_is_named():
     for section in sections:
         title = section.splitlines()[0]
         lines = re.findall(r"^Tests?:(.*?)(?:\n\s*\n|\Z)", section, re.M | re.S)
-        if title.startswith("14."):
-            continue                                # stepping through the code: its own test file
         assert lines, f"section {title!r} names no test"
         named |= set(re.findall(r"`(test_\w+)`", " ".join(lines)))
+        for path, test in re.findall(r"`(tests/\w+\.py)(?:::(\w+))?`", " ".join(lines)):
+            assert (ROOT / path).exists(), (title, path)     # a test file of its own, or one test in it
+            assert not test or re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), (title, test)
     here = {name for name in globals() if name.startswith("test_")}
     meta = {name for name in here if name.startswith(("test_every", "test_each", "test_the_readable"))}
     assert named <= here, sorted(named - here)

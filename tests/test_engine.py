@@ -314,3 +314,34 @@ def test_hook_result_and_view_gradients_are_copied():
     y.expand(4, 3).sum().backward()      # Sum's backward is a read-only broadcast view
     y.grad.data += 1
     assert y.grad.tolist() == [5.0, 5.0, 5.0]
+
+
+# --------------------------------------- Hooks that change the gradient's size
+
+
+def test_a_hook_returning_a_wrong_shape_on_a_leaf_raises():
+    x = tg.randn(3, requires_grad=True)
+
+    def shrink(g):
+        return tg.zeros(2)
+    x.register_hook(shrink)
+    with pytest.raises(RuntimeError, match=r"hook '.*shrink' has changed the size of the gradient: "
+                                           r"it returned shape \(2,\) for a tensor of shape \(3,\)"):
+        x.sum().backward()
+    assert x.grad is None
+
+
+def test_a_hook_returning_a_wrong_shape_on_a_non_leaf_names_the_hook():
+    x = tg.randn(3, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: np.zeros(1))  # broadcastable, still refused (as PyTorch)
+    with pytest.raises(RuntimeError, match=r"hook '.*<lambda>' has changed the size") as info:
+        y.sum().backward()
+    assert "unbroadcast" not in str(info.value)
+
+
+def test_a_hook_returning_the_right_shape_still_replaces_the_gradient():
+    x = tg.randn(3, requires_grad=True)
+    x.register_hook(lambda g: g * 3)
+    (x * 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.data, [6.0, 6.0, 6.0])

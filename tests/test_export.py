@@ -101,3 +101,18 @@ def test_export_refuses_to_overwrite_a_file_unless_asked(tmp_path, capsys):
     state, metadata = tg.load(target, with_metadata=True)
     assert metadata["module"] == "Seq2SeqTransformer" and json.loads(metadata["config"])["vocab_size"] == 9
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "x.safetensors")]) == 2
+
+
+def test_an_exported_file_names_its_run_but_holds_no_local_path(tmp_path):
+    """A model file people share carries the run's name ("source"), not the
+    absolute path of the machine it was made on (nor the user's name in it)."""
+    out, _ = _run_dir(tmp_path, "copy")
+    target = tmp_path / "model.safetensors"
+    assert main(["export", str(out / "checkpoint.safetensors"), "--to", "torch", str(target)]) == 0
+    _, metadata = tg.load(target, with_metadata=True)
+    assert metadata["source"] == "run"  # the run directory's name
+    raw = target.read_bytes()
+    header = raw[8:8 + int.from_bytes(raw[:8], "little")].decode()
+    assert str(tmp_path) not in header and str(tmp_path.resolve()) not in header
+    from tinygrad_attn.train.run import run_name
+    assert run_name(tmp_path / "elsewhere" / "best.safetensors") == "best.safetensors"

@@ -18,6 +18,7 @@ from numba import njit
 
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
+from tinygrad_attn import nn
 from tinygrad_attn import reference as R
 from tinygrad_attn import kernels
 from tinygrad_attn.reference import numpy_backward as nb
@@ -362,6 +363,40 @@ def test_cross_entropy_and_layer_norm_match_pytorch():
     np.testing.assert_allclose(y.data, expected.numpy(), rtol=1e-10, atol=1e-10)
 
 
+# HUGE[dtype]: magnitudes whose squares overflow dtype (float32 from ~1.8e19, float64 from ~1.3e154)
+HUGE = [(np.float32, 1e20), (np.float32, 1e30), (np.float32, 1e38), (np.float64, 1e200), (np.float64, 1e300)]
+
+
+@pytest.mark.parametrize("dtype,big", HUGE)
+def test_layer_norm_of_rows_too_large_to_square_matches_pytorch(dtype, big):
+    """Rows of 1e30 in float32 have representable normalised values: the
+    output and every gradient are finite and right (torch in float64 on the
+    same rows; torch in float32 gives NaN there), and an ordinary row in the
+    same call is untouched."""
+    pytest.importorskip("torch")
+    x = ref.huge_rows(dtype, big)
+    w, b = randn(x.shape[1]).astype(dtype), randn(x.shape[1]).astype(dtype)
+    g = randn(*x.shape).astype(dtype)
+    y_ref, dx_ref, dw_ref, db_ref = ref.torch_layer_norm(x, w, b, g)
+    xt, wt, bt = (tg.Tensor(a, requires_grad=True) for a in (x, w, b))
+    y = F.layer_norm(xt, x.shape[1], wt, bt)
+    y.backward(tg.Tensor(g))
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    ref.assert_rows_close(y.data, y_ref, rtol)
+    ref.assert_rows_close(xt.grad.data, dx_ref, rtol)
+    ref.assert_rows_close(wt.grad.data, dw_ref, rtol)
+    ref.assert_rows_close(bt.grad.data, db_ref, rtol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_of_a_row_holding_inf_or_nan_is_nan_as_in_pytorch(dtype):
+    x = tg.tensor(np.array([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]], dtype), requires_grad=True)
+    y = F.layer_norm(x, 3)
+    assert np.isnan(y.data[:2]).all() and np.isfinite(y.data[2]).all()
+    y.sum().backward()
+    assert np.isnan(x.grad.data[:2]).all() and np.isfinite(x.grad.data[2]).all()
+
+
 # ------------------------------------------------------------------ dropout
 
 def test_dropout_mask_rate_scale_and_backward():
@@ -473,7 +508,10 @@ def test_float32_kernels_compute_in_float32():
     from tinygrad_attn import warmup
     _every_kernel(threads.get_num_threads())  # compiles kernels first: Numba's typing is then set up
     f32 = types.float32
-    helpers = {fastmath._exp32: (f32,), cross_entropy.row_sums: (types.Array(f32, 1, "C"),)}
+    rows, vector = types.Array(f32, 2, "C"), types.Array(f32, 1, "C")
+    helpers = {fastmath._exp32: (f32,), cross_entropy.row_sums: (vector,),
+               # not in KERNELS (only rows too large to square run it)
+               kernels.layer_norm._layer_norm_rescaled: (rows, vector, vector, f32, rows, vector, vector)}
     checked = [(getattr(f, "py_func", f), sig) for f, sig in helpers.items()]
     calls = warmup.kernel_signatures((np.float32,))  # each kernel's float32 argument types, nothing compiled
     assert {kernel for kernel, _ in calls} == set(kernels.KERNELS)
@@ -715,6 +753,204 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# --- Softmax, cross-entropy and attention with -inf entries (masked classes, masked keys)
+
+
+INF = np.inf
+LOGITS = np.array([[-INF, 0.0, 1.0, 2.0], [0.5, -INF, -INF, 3.0], [1.0, 2.0, 3.0, 4.0]])
+
+
+def _grad_of(fn, x, weights):
+    """d sum(fn(x) * weights) / dx over the finite outputs, with x a fresh leaf."""
+    t = tg.tensor(x, requires_grad=True)
+    y = fn(t)
+    (y.masked_fill(tg.tensor(np.isinf(y.data)), 0.0) * tg.tensor(weights)).sum().backward()
+    return y.data, t.grad.data
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("target", [[2, 0, 1], [0, 3, 1]])  # the second hits a -inf class
+def test_cross_entropy_with_minus_inf_logits_matches_torch(dtype, label_smoothing, target):
+    torch = pytest.importorskip("torch")
+    x = LOGITS.astype(dtype)
+    t = tg.tensor(x, requires_grad=True)
+    loss = F.cross_entropy(t, np.array(target), label_smoothing=label_smoothing)
+    loss.backward()
+    tt = torch.tensor(x, requires_grad=True)
+    expected = torch.nn.functional.cross_entropy(tt, torch.tensor(target), label_smoothing=label_smoothing)
+    expected.backward()
+    # finite without smoothing when the target is a live class; +inf when it is masked or
+    # when smoothing spreads weight onto a masked class (PyTorch gives the same)
+    assert np.isinf(loss.item()) == np.isinf(expected.item())
+    if np.isfinite(expected.item()):
+        np.testing.assert_allclose(loss.item(), expected.item(), rtol=1e-6)
+    assert np.isfinite(t.grad.data).all()
+    np.testing.assert_allclose(t.grad.data, tt.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_cross_entropy_from_the_issue_is_finite():
+    loss = F.cross_entropy(tg.tensor([[-INF, 0., 1., 2.]]), np.array([2]))
+    # -log softmax_2 = logsumexp(0, 1, 2) - 1 = 1.4076 (the -inf class adds e^-inf = 0)
+    np.testing.assert_allclose(loss.item(), np.log(1 + np.e + np.e ** 2) - 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_and_log_softmax_with_minus_inf_entries_match_torch(dtype, log):
+    torch = pytest.importorskip("torch")
+    x = LOGITS.astype(dtype)
+    weights = np.arange(1.0, 13.0).reshape(3, 4).astype(dtype)
+    fn = F.log_softmax if log else F.softmax
+    y, grad = _grad_of(lambda t: fn(t, dim=-1), x, weights)
+    tt = torch.tensor(x, requires_grad=True)
+    ty = (torch.log_softmax if log else torch.softmax)(tt, -1)
+    (ty.masked_fill(torch.isinf(ty), 0.0) * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-6)
+    assert np.isfinite(grad).all()
+    np.testing.assert_allclose(grad, tt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax])
+def test_a_row_of_only_minus_inf_is_nan_as_in_torch(fn):
+    # Documented: softmax over no finite logit is undefined; NaN, as PyTorch
+    # (attention is different: a query that may attend to nothing gets zeros).
+    torch = pytest.importorskip("torch")
+    x = np.array([[-INF, -INF], [0.0, 1.0]], np.float32)
+    y = fn(tg.tensor(x), dim=-1).data
+    expected = getattr(torch, fn.__name__)(torch.tensor(x), -1).numpy()
+    assert np.isnan(y[0]).all() and np.isnan(expected[0]).all()
+    np.testing.assert_allclose(y[1], expected[1], rtol=1e-6)
+    assert np.isnan(F.cross_entropy(tg.tensor(x[:1]), np.array([0])).item())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_with_minus_inf_in_a_float_mask_matches_torch(dtype):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 3, 4)).astype(dtype) for _ in range(3))
+    mask = np.zeros((3, 3), dtype)
+    mask[0, 1:] = -INF  # query 0 sees key 0 only
+    mask[2, 0] = -INF
+    g = rng.normal(size=(2, 3, 4)).astype(dtype)
+    ts = [tg.tensor(a, requires_grad=True) for a in (q, k, v)]
+    out, w = F.scaled_dot_product_attention(*ts, attn_mask=mask, need_weights=True)
+    (out * tg.tensor(g)).sum().backward()
+    tts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(*tts, attn_mask=torch.tensor(mask))
+    (expected * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert (w.data[:, 0, 1:] == 0).all() and (w.data[:, 2, 0] == 0).all()
+    for mine, theirs in zip(ts, tts):
+        assert np.isfinite(mine.grad.data).all()
+        np.testing.assert_allclose(mine.grad.data, theirs.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_query_with_every_key_masked_gets_zeros_and_finite_gradients():
+    # Documented difference: PyTorch gives NaN here; we give zero attention.
+    rng = np.random.default_rng(1)
+    q, k, v = (tg.tensor(rng.normal(size=(3, 4)), requires_grad=True) for _ in range(3))
+    mask = np.zeros((3, 3))
+    mask[1] = -INF
+    out, w = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
+    assert (out.data[1] == 0).all() and (w.data[1] == 0).all()
+    (out.sum() + (w * w).sum()).backward()
+    assert all(np.isfinite(t.grad.data).all() for t in (q, k, v))
+
+
+# ------------------------- Attention weights with aliased query, key and value
+
+
+def test_attention_weights_keep_their_graph_when_query_key_value_are_one_tensor():
+    x = tg.randn(2, 3, 4, requires_grad=True)
+    _, w = F.scaled_dot_product_attention(x, x, x, need_weights=True)
+    assert w.requires_grad
+    _, w = F.scaled_dot_product_attention(x, tg.randn(2, 3, 4), x, need_weights=True)  # query is value
+    assert w.requires_grad
+    _, w = F.scaled_dot_product_attention(tg.randn(2, 3, 4), x, x, need_weights=True)  # key is value
+    assert w.requires_grad
+
+
+@pytest.mark.parametrize("alias", ["qkv", "q=v", "k=v", "q=k"])
+def test_gradcheck_of_attention_weights_with_aliased_inputs(alias):
+    rng = np.random.default_rng(2)
+    cw, co = rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 3, 4))
+
+    def loss(a, b):
+        q, k, v = {"qkv": (a, a, a), "q=v": (a, b, a), "k=v": (b, a, a), "q=k": (a, a, b)}[alias]
+        out, w = F.scaled_dot_product_attention(q, k, v, need_weights=True)
+        return (w * tg.tensor(cw)).sum() + (out * tg.tensor(co)).sum()
+    inputs = [tg.tensor(rng.normal(size=(2, 3, 4)), requires_grad=True) for _ in range(2)]
+    assert tg.gradcheck(loss, inputs)
+
+
+# ----------------------------------- Empty and integer inputs of the fused ops
+
+
+@pytest.mark.parametrize("call", ["sdpa", "mha"])
+def test_an_integer_attention_mask_is_refused_naming_argument_and_dtype(call):
+    q = tg.randn(1, 2, 4)
+    mask = np.ones((2, 2), np.int64)
+    with pytest.raises(TypeError, match="attn_mask must be boolean or floating point, got int64"):
+        if call == "sdpa":
+            F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        else:
+            nn.MultiHeadAttention(4, 2)(q, q, q, attn_mask=mask)
+
+
+def test_packed_self_attention_refuses_an_integer_mask_too():
+    with pytest.raises(TypeError, match="attn_mask must be boolean or floating point, got int32"):
+        F.packed_self_attention(tg.randn(1, 2, 12), 2, attn_mask=np.ones((2, 2), np.int32))
+
+
+def test_linear_with_zero_input_features_gives_the_bias():
+    x = tg.randn(2, 0, requires_grad=True)
+    w, b = tg.randn(3, 0, requires_grad=True), tg.randn(3, requires_grad=True)
+    y = F.linear(x, w, b)
+    np.testing.assert_array_equal(y.data, np.broadcast_to(b.data, (2, 3)))
+    y.sum().backward()
+    assert x.grad.shape == (2, 0) and w.grad.shape == (3, 0)
+    np.testing.assert_array_equal(b.grad.data, [2.0, 2.0, 2.0])
+    assert (tg.randn(4, 5, 0) @ tg.randn(0, 3)).shape == (4, 5, 3)
+    assert nn.Linear(0, 3)(tg.randn(5, 0)).shape == (5, 3)
+
+
+@pytest.mark.parametrize("mask_dtype", [bool, np.float32])
+def test_attention_with_an_empty_query_and_a_mask(mask_dtype):
+    q, k, v = tg.randn(2, 0, 4, requires_grad=True), tg.randn(2, 3, 4, requires_grad=True), \
+        tg.randn(2, 3, 5, requires_grad=True)
+    mask = np.ones((0, 3), mask_dtype)
+    out, w = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
+    assert out.shape == (2, 0, 5) and w.shape == (2, 0, 3)
+    (out.sum() + w.sum()).backward()
+    assert q.grad.shape == (2, 0, 4)
+    assert (k.grad.data == 0).all() and (v.grad.data == 0).all()
+
+
+@pytest.mark.parametrize("dtype,big", [(np.float32, 3e38), (np.float64, 1e308)])
+def test_layer_norm_of_a_row_whose_variance_overflows_is_normalised_not_the_bias(dtype, big):
+    x = tg.tensor(np.array([[big, -big, 0.0], [1.0, 2.0, 3.0]], dtype), requires_grad=True)
+    bias = tg.tensor(np.full(3, 5.0, dtype))
+    y = F.layer_norm(x, 3, bias=bias)
+    np.testing.assert_allclose(y.data, np.array([[1.2247, -1.2247, 0.0], [-1.2247, 0.0, 1.2247]]) + 5.0,
+                               atol=1e-4)
+    (y * tg.tensor(np.array([1.0, 2.0, 4.0], dtype))).sum().backward()
+    assert np.isfinite(x.grad.data).all() and (x.grad.data[0] != 0).any()
+
+
+# ---------------------------------------------- Bad arguments of cross_entropy
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda: F.cross_entropy(tg.randn(2, 3), np.array([0, 1]), ignore_index=2 ** 70), ValueError,
+     r"cross_entropy: ignore_index 1180591620717411303424 is outside the int64 range"),
+    (lambda: F.cross_entropy(tg.randn(2, 3), np.array([0, 1]), ignore_index=1.5), TypeError,
+     r"cross_entropy: ignore_index must be an integer, got 1.5"),
+])
+def test_bad_arguments_get_a_message_naming_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 
 
 def test_plain_python_gemm_overwrites_c_when_beta_is_zero():

@@ -16,10 +16,10 @@ PACKAGE = os.path.dirname(os.path.abspath(tg.__file__))
 
 LAYERS = [  # (name, paths relative to the package; a path ending in / is a folder)
     ("kernels", ["kernels/"]),
-    ("shapes", ["shapes.py", "random.py"]),
+    ("shapes", ["shapes.py", "dtypes.py", "random.py"]),
     ("engine", ["autograd.py"]),
     ("ops", ["ops/"]),
-    ("tensor", ["tensor.py", "reference/"]),  # reference: compositions of Tensor methods, numpy backwards
+    ("tensor", ["tensor.py", "creation.py", "reference/"]),  # reference: compositions of Tensor methods, numpy backwards
     ("functional", ["functional.py", "gradcheck.py"]),
     ("nn", ["nn/"]),
     ("optim", ["optim/"]),

@@ -178,7 +178,7 @@ def test_attention_matches_the_per_head_reference_and_gradchecks(case):
 
 
 def test_seeds_example_eight_heads_of_three_on_two_tokens():
-    """The seeds: 2 tokens with embeddings of size 4; 8 heads, each with its
+    """The seed notes' example (README.md, "Learn"): 2 tokens with embeddings of size 4; 8 heads, each with its
     own W_Q^i, W_K^i, W_V^i of (4, 3), give Z_i of (2, 3); concat(Z_0..Z_7)
     is (2, 24); W_O (24, 4) projects it back to (2, 4)."""
     tg.manual_seed(0)
@@ -512,3 +512,30 @@ def test_batch_first_false_and_unbatched_inputs_agree():
     out_tb = layer_tb(x.swapaxes(0, 1)).swapaxes(0, 1)
     np.testing.assert_allclose(out_tb.data, out.data, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(layer(x[1]).data, out.data[1], rtol=1e-5, atol=1e-6)
+
+
+# -------------------------------------------------------------- Integer inputs
+
+
+def test_linear_with_integer_input_takes_the_weight_dtype():
+    layer = nn.Linear(2, 3)
+    x = tg.tensor([[1, 2], [3, 4]])
+    y = layer(x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y.data, x.data.astype(np.float32) @ layer.weight.data.T + layer.bias.data,
+                               rtol=1e-6)
+    assert F.linear(x, tg.randn(3, 2)).dtype == np.float32
+    assert F.linear(x, tg.randn(3, 2, dtype=np.float64), tg.tensor([1, 2, 3])).dtype == np.float64
+
+
+# ------------------------------------------------- Bad arguments of the layers
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda: nn.Linear(-1, 3), ValueError, r"Linear: in_features must be a non-negative integer, got -1"),
+    (lambda: nn.Linear(2, 3.0), TypeError, r"Linear: out_features must be an integer, got 3.0"),
+    (lambda: nn.Embedding(-5, 4), ValueError, r"Embedding: num_embeddings must be a non-negative"),
+    (lambda: nn.LayerNorm((4, -1)), ValueError, r"LayerNorm: normalized_shape\[1\] must be a non-negative"),
+])
+def test_bad_arguments_get_a_message_naming_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

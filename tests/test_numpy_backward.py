@@ -73,6 +73,21 @@ def test_softmax_and_log_softmax_backward(log, shape, data, seed):
     assert_close([backward(out, grad, axis)], [fused])
 
 
+@pytest.mark.parametrize("dtype,big,rtol", [(np.float32, 1e30, 1e-5), (np.float64, 1e200, 1e-12)])
+def test_layer_norm_forward_and_backward_on_rows_too_large_to_square(dtype, big, rtol):
+    """Rows whose squares overflow: the numpy versions give the finite, right
+    values (torch in float64 on the same rows), as the kernel does."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = ref.huge_rows(dtype, big)
+    w, b, g = rng.standard_normal(16).astype(dtype), rng.standard_normal(16).astype(dtype), \
+        rng.standard_normal(x.shape).astype(dtype)
+    y_ref, *grads_ref = ref.torch_layer_norm(x, w, b, g)
+    ref.assert_rows_close(nb.layer_norm_forward(x, w, b), y_ref, rtol)
+    for ours, expected in zip(nb.layer_norm_backward(x, w, g), grads_ref):
+        ref.assert_rows_close(ours, expected, rtol)
+
+
 @given(shape=shapes(min_dims=1), data=st.data(), seed=seeds)
 def test_layer_norm_backward(shape, data, seed):
     k = data.draw(st.integers(1, len(shape)))

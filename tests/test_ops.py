@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from scipy.special import erf
+from scipy.special import erf, expit
 
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
@@ -466,3 +466,70 @@ def test_gradcheck(name, i, data):
     case = data.draw(CASES[name][i])
     tensors = [tg.Tensor(a, requires_grad=True) for a in case.arrays]
     assert tg.gradcheck(case.fn, tensors, **case.gradcheck_kwargs)
+
+
+# ------- Finite gradients where PyTorch has them; sigmoid over its whole range
+
+
+def test_std_gradient_at_zero_variance_is_zero_as_in_torch():
+    torch = pytest.importorskip("torch")
+    a = np.array([[1.0, 1.0, 1.0], [1.0, 2.0, 4.0]])
+    for kwargs in [dict(dim=1), dict(dim=1, correction=0), dict(), dict(dim=(0, 1), keepdim=True)]:
+        x = tg.tensor(a if kwargs else a[:1], requires_grad=True)
+        x.std(**kwargs).sum().backward()
+        tx = torch.tensor(a if kwargs else a[:1], requires_grad=True)
+        tx.std(**kwargs).sum().backward()
+        np.testing.assert_allclose(x.grad.data, tx.grad.numpy(), rtol=1e-12, err_msg=str(kwargs))
+        assert np.isfinite(x.grad.data).all()
+
+
+def test_std_is_gradchecked_away_from_zero_variance():
+    a = np.random.default_rng(4).normal(size=(3, 5))
+    assert tg.gradcheck(lambda t: t.std(axis=1), [tg.tensor(a, requires_grad=True)])
+
+
+def test_pow_gradients_at_zero_match_torch():
+    torch = pytest.importorskip("torch")
+    base = np.array([0.0, 0.0, 0.0, 1.0, 2.0, -2.0])
+    exponent = np.array([0.0, 0.5, 2.0, 0.0, 0.0, 2.0])
+    x, y = tg.tensor(base, requires_grad=True), tg.tensor(exponent, requires_grad=True)
+    (x ** y).sum().backward()
+    tx, ty = torch.tensor(base, requires_grad=True), torch.tensor(exponent, requires_grad=True)
+    (tx ** ty).sum().backward()
+    np.testing.assert_allclose(x.grad.data, tx.grad.numpy())
+    np.testing.assert_allclose(y.grad.data, ty.grad.numpy(), equal_nan=True)
+    x = tg.tensor([0.0, 1.0, -3.0], requires_grad=True)
+    (x ** 0).sum().backward()  # the issue's case: x ** 0 at x = 0
+    np.testing.assert_array_equal(x.grad.data, [0.0, 0.0, 0.0])
+
+
+INF = np.inf
+
+
+@pytest.mark.parametrize("dtype,low", [(np.float32, -87.0), (np.float64, -708.0)])
+def test_sigmoid_keeps_relative_precision_on_both_tails(dtype, low):
+    # down to the smallest normal number of the dtype: sigmoid(x) ~ e^x there
+    x = np.concatenate([np.linspace(low, -low, 4001), [-20.0, -38.0, -50.0, 0.0]]).astype(dtype)
+    reference = expit(x.astype(np.float64))  # scipy's float64 logistic
+    t = tg.tensor(x, requires_grad=True)
+    z = t.sigmoid()
+    ulp = np.finfo(dtype).eps
+    np.testing.assert_allclose(z.data, reference.astype(dtype), rtol=4 * ulp, atol=0)
+    z.backward(np.ones_like(x))
+    slope = reference * expit(-x.astype(np.float64))  # sigmoid'(x) = sigmoid(x) sigmoid(-x)
+    np.testing.assert_allclose(t.grad.data, slope.astype(dtype), rtol=8 * ulp, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_log_of_sigmoid_is_finite_with_a_gradient_of_one_far_left(dtype):
+    x = tg.tensor(np.array([-20.0, -38.0, -60.0, -80.0], dtype), requires_grad=True)
+    y = x.sigmoid().log()
+    np.testing.assert_allclose(y.data, x.data, rtol=1e-6)  # log sigmoid(x) = x - log(1 + e^x) ~ x
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.data, 1.0, rtol=1e-6)
+
+
+def test_sigmoid_of_extremes():
+    z = tg.tensor([-INF, INF, np.nan, -1e4, 1e4]).sigmoid().data
+    np.testing.assert_array_equal(z[[0, 1, 3, 4]], [0.0, 1.0, 0.0, 1.0])
+    assert np.isnan(z[2])

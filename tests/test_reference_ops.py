@@ -12,6 +12,7 @@ import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import nn, optim
 
+from . import references as ref
 from .nn_helpers import ops_in_graph
 
 # Every fused op; the model below calls each of them.
@@ -216,3 +217,21 @@ def test_the_reference_gelu_is_the_fused_one(approximate, dtype, rtol):
     floor = 1e-300 if dtype == np.float64 else 1e-30  # below it float32's exp flushes to 0
     np.testing.assert_allclose(values[1][0], values[0][0], rtol=rtol, atol=floor)
     np.testing.assert_allclose(values[1][1], values[0][1], rtol=rtol, atol=floor)
+
+
+@pytest.mark.parametrize("dtype,big,rtol", [(np.float32, 1e30, 1e-5), (np.float64, 1e200, 1e-12)])
+def test_the_reference_layer_norm_is_right_on_rows_too_large_to_square(dtype, big, rtol):
+    """As the kernel: rows whose squares overflow give their finite, right
+    values and gradients (torch in float64 on the same rows)."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    x = ref.huge_rows(dtype, big)
+    w, b, g = rng.standard_normal(16).astype(dtype), rng.standard_normal(16).astype(dtype), \
+        rng.standard_normal(x.shape).astype(dtype)
+    xt, wt, bt = (tg.Tensor(a, requires_grad=True) for a in (x, w, b))
+    with tg.reference_ops():
+        y = F.layer_norm(xt, 16, wt, bt)
+    assert "LayerNormOp" not in ops_in_graph(y)
+    y.backward(tg.Tensor(g))
+    for ours, expected in zip((y.data, xt.grad.data, wt.grad.data, bt.grad.data), ref.torch_layer_norm(x, w, b, g)):
+        ref.assert_rows_close(ours, expected, rtol)

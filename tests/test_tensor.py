@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as tg
+from tinygrad_attn import functional as F
 from tinygrad_attn import Tensor
 
 
@@ -301,3 +302,143 @@ def test_where_needs_boolean_condition():
         Tensor([1.0]).masked_fill(Tensor([1.0]), 0.0)
     with pytest.raises(ValueError, match="masked_fill"):
         Tensor([1.0]).masked_fill(Tensor(np.ones((2, 2), dtype=bool)), 0.0)
+
+
+# ------------- Boolean indices, integers meeting floats, integers beyond int64
+
+
+@pytest.mark.parametrize("index", [
+    np.array([True, False]),
+    [True, False, True],
+    (slice(None), np.array([True, False])),
+    (Ellipsis, np.array([True, True, False, False])),
+    np.ones((4, 2), bool),
+])
+def test_boolean_index_of_the_wrong_shape_raises_like_numpy(index):
+    x = tg.randn(4, 3)
+    with pytest.raises(IndexError):
+        x.data[tuple(index) if isinstance(index, tuple) else np.asarray(index)]  # numpy agrees
+    with pytest.raises(IndexError, match=r"getitem: a boolean index of shape .* does not match .* "
+                                         r"tensor of shape \(4, 3\)"):
+        x[index]
+
+
+def test_boolean_indices_of_the_right_shape_still_work():
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(4, 3))
+    rows, cols = np.array([True, False, True, True]), np.array([False, True, True])
+    for index in [rows, (slice(None), cols), (Ellipsis, cols), (None, rows), (1, cols), a > 0, (rows, 0)]:
+        x = tg.tensor(a, requires_grad=True)
+        y = x[index]
+        np.testing.assert_array_equal(y.data, a[index])
+        y.sum().backward()
+        expected = np.zeros_like(a)
+        np.add.at(expected, index, 1)
+        np.testing.assert_array_equal(x.grad.data, expected)
+
+
+def test_integer_at_float_promotes_to_the_float_dtype_not_float64():
+    ints = tg.tensor([[1, 2]])
+    for w_dtype in (np.float32, np.float64):
+        w = tg.randn(2, 2, dtype=w_dtype, requires_grad=True)
+        for y in (ints @ w, tg.matmul(ints, w), np.array([[1, 2]]) @ w, w @ tg.tensor([[1], [2]]),
+                  tg.tensor(np.ones((3, 2, 2), np.int64)) @ w):
+            assert y.dtype == w_dtype
+        y = ints @ w
+        y.sum().backward()
+        np.testing.assert_allclose(y.data, np.array([[1, 2]], w_dtype) @ w.data)
+        assert w.grad.dtype == w_dtype
+    assert (ints @ tg.tensor([[3], [4]])).dtype == np.int64  # integers with integers stay integers
+
+
+@pytest.mark.parametrize("data", [np.array([2 ** 63], np.uint64), np.array([1, 2 ** 64 - 1], np.uint64),
+                                  2 ** 63, [2 ** 63, 1], [1, 2 ** 70], -2 ** 63 - 1])
+def test_integers_beyond_int64_raise_instead_of_wrapping(data):
+    with pytest.raises(OverflowError, match=r"does not fit in int64.*\[-2\*\*63, 2\*\*63 - 1\]"):
+        tg.tensor(data)
+
+
+def test_integers_within_int64_still_convert():
+    assert tg.tensor(np.array([2 ** 63 - 1], np.uint64)).tolist() == [2 ** 63 - 1]
+    assert tg.tensor(2 ** 63 - 1).item() == 2 ** 63 - 1
+    assert tg.tensor([-2 ** 63]).item() == -2 ** 63
+    assert tg.tensor([1e19, 1.0]).dtype == np.float32  # large floats are floats
+    assert tg.tensor(np.array([2 ** 63], np.uint64), dtype="float64").item() == 2.0 ** 63
+    assert tg.tensor([2 ** 63, 1], dtype="float64").tolist() == [2.0 ** 63, 1.0]  # asked for as floats
+    assert tg.tensor(2 ** 70, dtype="float32").item() == np.float32(2.0 ** 70)
+
+
+# ----------------- Edge cases that work as in PyTorch: 0-d tensors, empty axes
+
+
+@pytest.mark.parametrize("method", ["sum", "mean", "amax", "amin", "logsumexp", "argmax", "argmin"])
+@pytest.mark.parametrize("dim", [0, -1, (0,)])
+def test_dim_0_and_minus_1_on_a_0d_tensor(method, dim):
+    torch = pytest.importorskip("torch")
+    if method.startswith("arg") and isinstance(dim, tuple):
+        dim = dim[0]  # torch's argmax takes one dim
+    x = tg.tensor(3.0, requires_grad=not method.startswith("arg"))
+    y = getattr(x, method)(dim=dim)
+    expected = getattr(torch.tensor(3.0), method)(dim=dim)
+    assert y.shape == () and y.item() == expected.item()
+    assert getattr(x, method)(dim=dim, keepdim=True).shape == ()
+    if x.requires_grad:
+        y.backward()
+        assert x.grad.item() == 1.0
+    with pytest.raises(IndexError, match=f"{method}: axis 1 is out of range for a tensor with ndim 0"):
+        getattr(x, method)(dim=1)
+
+
+def test_var_std_softmax_of_a_0d_tensor_as_torch():
+    x = tg.tensor(3.0)
+    assert np.isnan(x.var(dim=0).item()) and x.var(dim=0, correction=0).item() == 0.0
+    assert np.isnan(x.std(dim=-1).item())
+    assert F.softmax(x, dim=0).item() == 1.0 and F.log_softmax(x, dim=-1).item() == 0.0
+
+
+def test_max_and_min_of_an_empty_tensor_over_a_non_empty_axis():
+    x = tg.zeros(0, 3, requires_grad=True)
+    y = x.max(axis=1)
+    assert y.shape == (0,) and x.min(axis=-1, keepdims=True).shape == (0, 1)
+    y.sum().backward()
+    assert x.grad.shape == (0, 3)
+    for axis in (0, None):
+        with pytest.raises(ValueError, match=r"max: cannot reduce over axis 0 of size 0 \(tensor of shape"):
+            x.max(axis=axis)
+
+
+def test_chunk_and_split_of_a_zero_length_axis_as_torch():
+    torch = pytest.importorskip("torch")
+    x, tx = tg.zeros(0, 3), torch.zeros(0, 3)
+    for mine, theirs in [(x.chunk(2), tx.chunk(2)), (x.split(2), tx.split(2)), (x.split(0), tx.split(0)),
+                         (x.chunk(3, dim=0), tx.chunk(3, dim=0)), (x.split([0, 0]), tx.split([0, 0]))]:
+        assert [p.shape for p in mine] == [tuple(p.shape) for p in theirs]
+    t = tg.zeros(6)
+    assert [p.shape for p in t.chunk(4)] == [tuple(p.shape) for p in torch.zeros(6).chunk(4)]
+
+
+# ------------------ Bad arguments of the creation functions and Tensor methods
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda: tg.zeros(-1), ValueError, r"zeros: size must not be negative, got \(-1,\)"),
+    (lambda: tg.ones(2, 2.5), TypeError, r"ones: size must be an int or a tuple of ints, got \(2, 2.5\)"),
+    (lambda: tg.randn((3, -2)), ValueError, r"randn: size must not be negative"),
+    (lambda: tg.rand(-1), ValueError, r"rand: size must not be negative"),
+    (lambda: tg.full((2, -1), 1.0), ValueError, r"full: size must not be negative"),
+    (lambda: tg.arange(0, 10, 0), ValueError, r"arange: step must be nonzero"),
+    (lambda: tg.arange("a"), TypeError, r"arange: end must be a number, got 'a'"),
+    (lambda: tg.randn(4).chunk(0), ValueError, r"chunk: chunks must be a positive integer, got 0"),
+    (lambda: tg.randn(4).split(0), ValueError, r"split: split_size must be positive"),
+    (lambda: tg.randn(4).split([5, -1]), ValueError, r"split: sizes must be non-negative integers"),
+    (lambda: tg.full((2,), "a"), TypeError, r"full: fill_value must be a number, got 'a'"),
+    (lambda: tg.randint(5, 2, (3,)), ValueError, r"randint: low must be less than high, got low=5, high=2"),
+    (lambda: tg.randint(0, 2.5, (3,)), TypeError, r"randint: low and high must be integers"),
+    (lambda: tg.randint(0, 5, (-3,)), ValueError, r"randint: size must not be negative"),
+    (lambda: tg.randn(5).reshape(2.5, 2), TypeError, r"reshape: the shape must be integers, got \(2.5, 2\)"),
+    (lambda: tg.randn(5).expand(2.5, 5), TypeError, r"expand: the shape must be integers"),
+    (lambda: tg.randn(2, 3).sum(axis=1.0), TypeError, r"sum: axis must be an int, got 1.0"),
+    (lambda: tg.randn(2, 3).mean(dim=(0, 1.5)), TypeError, r"mean: axis must be an int, got 1.5"),
+])
+def test_bad_arguments_get_a_message_naming_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -19,7 +19,7 @@ from tinygrad_attn.checkpoint import CheckpointError
 from tinygrad_attn.models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
 from tinygrad_attn.train import (ConfigError, TrainConfig, Trainer, make_scheduler, read_checkpoint,
                                  weight_decay_groups)
-from tinygrad_attn.train.trainer import _interrupts_deferred
+from tinygrad_attn.train.signals import interrupts_deferred
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 8
@@ -115,7 +115,7 @@ def test_keyboard_interrupt_saves_the_last_completed_step(tmp_path):
 def test_an_interrupt_during_the_update_waits_for_its_end():
     done = []
     with pytest.raises(KeyboardInterrupt):
-        with _interrupts_deferred():
+        with interrupts_deferred():
             signal.raise_signal(signal.SIGINT)
             done.append("the rest of the update ran")
     assert done == ["the rest of the update ran"]
@@ -380,11 +380,11 @@ def test_sigterm_during_fit_saves_like_ctrl_c(tmp_path):
 
 
 def test_a_sigterm_during_the_update_waits_for_its_end(tmp_path):
-    from tinygrad_attn.train.trainer import Terminated, _sigterm_as_interrupt
+    from tinygrad_attn.train.signals import Terminated, sigterm_as_interrupt
     done = []
     with pytest.raises(Terminated):
-        with _sigterm_as_interrupt():
-            with _interrupts_deferred():
+        with sigterm_as_interrupt():
+            with interrupts_deferred():
                 signal.raise_signal(signal.SIGTERM)
                 done.append("the rest of the update ran")
     assert done == ["the rest of the update ran"]

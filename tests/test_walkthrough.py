@@ -1,5 +1,6 @@
-"""examples/attention_walkthrough.py: the seeds' example runs, has the seeds'
-shapes, is deterministic, every gradient matches finite differences, and each
+"""examples/attention_walkthrough.py: the example of the seed notes (the
+lecture notes this project's math comes from; README.md, "Learn") runs, has
+their shapes, is deterministic, every gradient matches finite differences, and each
 claim it prints holds numerically."""
 import contextlib
 import importlib.util
@@ -96,3 +97,29 @@ def test_output_is_deterministic_and_mentions_every_step(walkthrough, run, capsy
                  "through the keys", "Causal variant", "Cross-entropy"):
         assert text in first
     assert "scaled by" not in first and "scaled by" not in PATH.read_text()
+
+
+def test_the_worked_numbers_of_head_0_by_hand_equal_autograds(run):
+    worked, out = run[0]["worked"], run[1]
+    assert set(worked) == {"G_P", "G_S", "G_Q", "G_K", "G_V"}
+    for by_hand, autograd in worked.values():
+        np.testing.assert_allclose(by_hand, autograd, rtol=0, atol=1e-15)
+    assert "r_0 = sum_j G_P[0, j] P[0, j] = (0.8516)(0.1286) + (-0.0141)(0.8714) = 0.0973" in out
+    assert "G_S[1, 1] = P[1, 1] (G_P[1, 1] - r_1) = 0.2723 (-0.0542 - 0.8302) = -0.2408" in out
+
+
+def test_importing_runs_nothing_and_the_script_runs_every_cell(capsys):
+    import runpy
+    import sys
+    spec = importlib.util.spec_from_file_location("attention_walkthrough_quiet", PATH)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert capsys.readouterr().out == ""                      # the run cells are for __main__ only
+    argv = sys.argv
+    sys.argv = [str(PATH)]
+    try:
+        names = runpy.run_path(str(PATH), run_name="__main__")
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert {"errors", "paths", "sums", "worked", "causal", "ce"} <= set(names)
+    assert out.index("== Forward, head 0") < out.index("== Worked numbers") < out.index("== Causal variant")

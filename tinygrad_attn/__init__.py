@@ -16,9 +16,10 @@ from .memory import keep_freed_memory
 from .random import get_generator, manual_seed
 from .reference import is_reference_ops_enabled, reference_ops, set_reference_ops
 from .shapes import ShapeError
-from .tensor import (Tensor, arange, bool_, cat, concatenate, float32, float64, full, int64,
-                     matmul, maximum, minimum, ones, ones_like, rand, randint, randn, stack,
-                     tensor, where, zeros, zeros_like)
+from .tensor import Tensor, cat, concatenate, matmul, maximum, minimum, stack, where
+from .dtypes import bool_, float32, float64, int64
+from .creation import (arange, full, ones, ones_like, rand, randint, randn, tensor, zeros,
+                       zeros_like)
 from . import data, optim  # noqa: F401  (after Tensor: they build on it)
 
 __version__ = "0.1.0"

@@ -12,6 +12,9 @@ anything else with a safetensors reader can open ours.
 
 `load` also reads PyTorch's half-precision files: BF16 and F16 tensors come
 back as float32 (exactly: every bfloat16 and float16 value is a float32).
+It holds files to the format's rules as its reference reader does (the
+header at most 100,000,000 bytes; the tensors tiling the data buffer),
+checked from the header before any tensor data is read.
 """
 import json
 import math
@@ -148,6 +151,8 @@ def _remove_stale_temp_files(directory, name):
             continue
 
 
+MAX_HEADER_SIZE = 100_000_000  # bytes: the format's limit on the JSON header
+
 # safetensors dtype -> the numpy dtype of its bytes (little-endian, as the format is)
 _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "C64": "<c8",
            "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
@@ -158,25 +163,30 @@ def _is_index(v):
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _read_header(raw, path):
-    """Parse and sanity-check the header, telling a truncated checkpoint from
-    a file that is not one at all."""
+def _read_header(f, size, path):
+    """Read and sanity-check the header of the open file `f` of `size` bytes,
+    telling a truncated checkpoint from a file that is not one at all; returns
+    (header, data buffer size). Reads nothing beyond the header."""
     not_ours = f"{path} is not a safetensors checkpoint"
-    if len(raw) <= 8:
-        raise CheckpointError(f"{not_ours} (or it is truncated): it has only {len(raw)} bytes")
-    header_len = int.from_bytes(raw[:8], "little")
-    if raw[8:9] != b"{":
+    if size <= 8:
+        raise CheckpointError(f"{not_ours} (or it is truncated): it has only {size} bytes")
+    first = f.read(9)  # the length field and the header's first byte
+    header_len = int.from_bytes(first[:8], "little")
+    if first[8:9] != b"{":
         raise CheckpointError(f"{not_ours}: it does not start with a safetensors header")
-    if header_len > len(raw) - 8:
+    invalid = f"{path} is not a valid safetensors checkpoint"
+    if header_len > MAX_HEADER_SIZE:
+        raise CheckpointError(f"{invalid}: its header length field says {header_len:,} bytes, beyond the "
+                              f"format's limit of {MAX_HEADER_SIZE:,}")
+    if header_len > size - 8:
         raise CheckpointError(f"{path} is truncated: its header needs {header_len} bytes, "
-                              f"the file has {len(raw) - 8} after the length field")
+                              f"the file has {size - 8} after the length field")
     try:
-        header = json.loads(raw[8:8 + header_len])
+        header = json.loads((first[8:] + f.read(max(header_len - 1, 0)))[:header_len])
     except ValueError:
         header = None
     if not isinstance(header, dict):
         raise CheckpointError(f"{not_ours}: its header is not a valid safetensors header")
-    invalid = f"{path} is not a valid safetensors checkpoint"
     for name, entry in header.items():
         if name == "__metadata__":
             if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
@@ -193,15 +203,35 @@ def _read_header(raw, path):
                 or offsets[0] > offsets[1]:
             raise CheckpointError(f"{invalid}: tensor {name!r} has data_offsets {offsets!r} "
                                   "(expected [begin, end], two integers with 0 <= begin <= end)")
-    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    expected = 8 + header_len + max(ends, default=0)
-    if len(raw) < expected:
-        raise CheckpointError(f"{path} is truncated: it has {len(raw)} bytes, its header "
-                              f"describes {expected}")
-    return header, 8 + header_len
+    buffer_size = size - 8 - header_len
+    _check_tiling(header, buffer_size, header_len, path)
+    return header, buffer_size
 
 
-def _read_tensor(raw, start, name, entry, path):
+def _check_tiling(header, buffer_size, header_len, path):
+    """The format's layout rule: sorted by their offsets, the tensors cover
+    the data buffer one after the other, without a gap, an overlap or
+    anything after the last (empty tensors may share an offset)."""
+    rule = "the offsets must tile the data buffer in order, without gaps or overlaps"
+    spans = sorted((entry["data_offsets"][0], entry["data_offsets"][1], name)
+                   for name, entry in header.items() if name != "__metadata__")
+    position = 0
+    for begin, end, name in spans:
+        if begin != position:
+            what = ("overlaps the one before" if begin < position
+                    else f"leaves {begin - position} bytes unused before it")
+            raise CheckpointError(f"{path} is not a valid safetensors checkpoint: tensor {name!r} at "
+                                  f"data_offsets [{begin}, {end}] {what} ({rule})")
+        position = end
+    if position > buffer_size:
+        raise CheckpointError(f"{path} is truncated: it has {8 + header_len + buffer_size} bytes, its "
+                              f"header describes {8 + header_len + position}")
+    if position < buffer_size:
+        raise CheckpointError(f"{path} is not a valid safetensors checkpoint: {buffer_size - position} "
+                              f"bytes after the last tensor ({rule})")
+
+
+def _read_tensor(data, name, entry, path):
     """One tensor's bytes as a new (writable, aligned) array; BF16 and F16 as float32."""
     dtype, shape = entry["dtype"], tuple(entry["shape"])
     if dtype not in _DTYPES:
@@ -214,7 +244,7 @@ def _read_tensor(raw, start, name, entry, path):
         raise CheckpointError(f"{path} is not a valid safetensors checkpoint: tensor {name!r} of dtype "
                               f"{dtype} and shape {list(shape)} needs {count * stored.itemsize} bytes, "
                               f"its data_offsets give {end - begin}")
-    values = np.frombuffer(raw, dtype=stored, count=count, offset=start + begin)
+    values = np.frombuffer(data, dtype=stored, count=count, offset=begin)
     if dtype == "BF16":  # bfloat16 is the top half of a float32: shift its bits back into place
         array = (values.astype(np.uint32) << 16).view(np.float32)
     elif dtype == "F16":
@@ -233,13 +263,15 @@ def load(path, with_metadata=False):
     float32, exactly, as tensors hold them. Pass the dict to
     `Module.load_state_dict`. A truncated file, a file in another format or
     a tensor of a dtype load cannot read (such as 8-bit floats) raises
-    `CheckpointError` saying which.
+    `CheckpointError` saying which; so does a file that breaks the format's
+    rules (a header beyond 100,000,000 bytes, tensors that overlap or leave
+    gaps), found before its tensor data is read.
     """
     path = os.fspath(path)
     with open(path, "rb") as f:
-        raw = f.read()
-    header, start = _read_header(raw, path)
-    arrays = {name: _read_tensor(raw, start, name, entry, path)
+        header, buffer_size = _read_header(f, os.fstat(f.fileno()).st_size, path)
+        data = f.read(buffer_size)
+    arrays = {name: _read_tensor(data, name, entry, path)
               for name, entry in header.items() if name != "__metadata__"}
     if with_metadata:
         return arrays, dict(header.get("__metadata__") or {})

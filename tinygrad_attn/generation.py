@@ -10,7 +10,9 @@ and lets q attend to every cached key. All of those are in its past, so a
 one-position step needs no causal mask. A prompt (or a restarted window,
 see `GPT.generate`) goes through in one batched "prefill" pass with a
 causal mask, which fills the caches. Cross-attention keys and values of the
-encoder output are computed once per decode.
+encoder output are computed once per decode. Why the cache changes no
+number (and when it would: no causal mask, or positions that move) is
+derived in docs/backprop_through_attention.md, section 13a.
 
 The functions below redo the forward of a `TransformerEncoderLayer` /
 `TransformerDecoderLayer` (both norm_first settings) in eval mode (no

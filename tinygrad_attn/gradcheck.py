@@ -58,8 +58,9 @@ def numerical_jacobian(fn, inputs, eps=1e-6):
 def analytic_jacobian(fn, inputs):
     """The same matrices from backward: row i is the gradient of output element i.
 
-    The seeds are read-only: an op whose backward writes into grad_output
-    (which the engine may share with other ops) fails the check."""
+    Each row's upstream gradient (one-hot: 1 at output element i) is
+    read-only: an op whose backward writes into grad_output (which the
+    engine may share with other ops) fails the check."""
     wrt = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
     outs = _outputs(fn, inputs)
     n_out = sum(o.numel() for o in outs)

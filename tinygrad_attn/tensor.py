@@ -2,6 +2,8 @@
 
 The class is thin on purpose: every method that computes something calls an
 op in `tinygrad_attn/ops/`, where forward and backward live side by side.
+The dtypes and the device are in dtypes.py; the functions that make new
+tensors (tensor, zeros, arange, randn, ...) in creation.py.
 """
 from collections import namedtuple
 
@@ -9,96 +11,13 @@ import numpy as np
 
 from . import autograd
 from .autograd import node_of, run_backward, _root_grad
+from .dtypes import CPU, TYPE_NAMES, bool_, float32, float64, int64, to_args, to_array
 from .ops import elementwise as E
 from .ops import movement as M
 from .ops import reduce as R
 from .ops.matmul import MatMul
 from .ops.softmax import LogSoftmax, Softmax
 from .shapes import ShapeError, normalize_axes, normalize_axis, normalize_new_axis
-
-float32 = np.dtype(np.float32)
-float64 = np.dtype(np.float64)
-int64 = np.dtype(np.int64)
-bool_ = np.dtype(np.bool_)
-
-_DTYPE_NAMES = {"float32": float32, "float": float32, "float64": float64, "double": float64,
-                "int64": int64, "long": int64, "int": int64, "bool": bool_}
-
-
-def _canonical_dtype(dtype):
-    """Map a user's dtype (np.float32, "float64", torch.float64, ...) to one we support."""
-    if type(dtype).__module__ == "torch":  # a torch.dtype: by its name, torch.float64 -> "float64"
-        dtype = str(dtype).removeprefix("torch.")
-    if isinstance(dtype, str) and dtype in _DTYPE_NAMES:
-        return _DTYPE_NAMES[dtype]
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"Tensor: unsupported dtype {dtype!r}") from None
-    if dt in (float32, float64, int64, bool_):
-        return dt
-    if dt.kind in "iu":
-        return int64
-    if dt == np.float16:
-        return float32
-    raise TypeError(f"Tensor: unsupported dtype {dt} (use float32, float64, int64 or bool)")
-
-
-def _to_array(data, dtype):
-    """Convert user data to an array of a supported dtype.
-
-    numpy arrays keep their dtype (float64 stays float64, as in PyTorch);
-    Python floats and lists of floats become float32, Python ints int64.
-    """
-    if isinstance(data, Tensor):
-        data = data.data
-    if dtype is not None:
-        dtype = _canonical_dtype(dtype)
-    if isinstance(data, np.ndarray):
-        arr = data
-    else:
-        if isinstance(data, (str, bytes)):
-            raise TypeError(f"Tensor: cannot make a tensor from a {type(data).__name__}")
-        try:
-            arr = np.asarray(data)
-        except ValueError as e:
-            raise ValueError(f"Tensor: cannot make a tensor from this data: {e}") from None
-        # numpy holds Python ints beyond int64 as objects, uint64 or (mixed with others) floats
-        if dtype is not None and dtype.kind == "f":
-            if arr.dtype.kind == "O":
-                arr = _as_float64(data, arr)
-        elif arr.dtype.kind in "Ou" or (arr.dtype.kind == "f" and (np.abs(arr) >= 2.0 ** 63).any()):
-            _check_python_ints(data)
-        if arr.dtype == float64 and not isinstance(data, np.generic) and dtype is None:
-            dtype = float32  # Python floats default to float32
-    if arr.dtype.kind not in "fiub":
-        raise TypeError(f"Tensor: unsupported data of dtype {arr.dtype} "
-                        "(tensors hold floats, integers or booleans)")
-    target = dtype if dtype is not None else _canonical_dtype(arr.dtype)
-    if target == int64 and arr.dtype == np.uint64 and arr.size and arr.max() > _INT64_MAX:
-        raise OverflowError(f"Tensor: uint64 value {arr.max()} does not fit in int64, the integer "
-                            f"dtype of tensors (range [-2**63, 2**63 - 1])")
-    return arr if arr.dtype == target else arr.astype(target)
-
-
-_INT64_MAX = np.iinfo(np.int64).max
-
-
-def _as_float64(data, arr):
-    """Huge Python ints asked for as floats: convert them (anything else stays an object array)."""
-    try:
-        return np.asarray(data, dtype=float64)
-    except (TypeError, ValueError):
-        return arr
-
-
-def _check_python_ints(data):
-    """Raise OverflowError for a Python int outside int64 in `data` (rare:
-    only called when numpy found values that large)."""
-    for v in np.asarray(data, dtype=object).flat:
-        if isinstance(v, int) and not isinstance(v, bool) and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
-            raise OverflowError(f"Tensor: integer {v} does not fit in int64, the integer dtype of "
-                                "tensors (range [-2**63, 2**63 - 1])")
 
 
 def as_tensor_like(x, ref):
@@ -154,51 +73,6 @@ def _dim_args(dim, keepdim, axis, keepdims, op):
 max_result = namedtuple("max", ["values", "indices"])
 min_result = namedtuple("min", ["values", "indices"])
 
-_TYPE_NAMES = {float32: "torch.FloatTensor", float64: "torch.DoubleTensor", int64: "torch.LongTensor",
-               bool_: "torch.BoolTensor"}
-
-
-class _Device(str):
-    """What Tensor.device returns: equal to "cpu", with torch.device's `type`."""
-
-    type = "cpu"
-    index = None
-
-
-CPU = _Device("cpu")
-
-
-def _is_device(x):
-    """A device argument of `to`: a string that names no dtype, or a torch.device."""
-    return (isinstance(x, str) and x not in _DTYPE_NAMES) or type(x).__name__ == "device"
-
-
-def _check_device(device, op):
-    if device is not None and str(device).split(":")[0] != "cpu":
-        raise NotImplementedError(f"{op}: device {str(device)!r} is not supported: everything "
-                                  "lives on the CPU (device='cpu' or None)")
-
-
-def _to_args(args, kwargs, op):
-    """(dtype or None, copy) from PyTorch's `to` overloads: to(dtype),
-    to(device, dtype), to(other tensor), with keywords device=, dtype=,
-    copy=, non_blocking= and memory_format= (the last two change nothing here)."""
-    dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
-    copy = kwargs.pop("copy", False)
-    kwargs.pop("non_blocking", None)
-    kwargs.pop("memory_format", None)
-    if kwargs:
-        raise TypeError(f"{op}: unexpected keyword arguments {sorted(kwargs)}")
-    for a in args:
-        if isinstance(a, Tensor):
-            dtype = a.dtype
-        elif _is_device(a):
-            device = a
-        elif a is not None:
-            dtype = a
-    _check_device(device, op)
-    return (None if dtype is None else _canonical_dtype(dtype)), bool(copy)
-
 
 class Tensor:
     """An n-dimensional array that records the ops applied to it.
@@ -217,7 +91,7 @@ class Tensor:
     __array_ufunc__ = None  # numpy defers to our reflected operators: array + tensor -> Tensor
 
     def __init__(self, data, dtype=None, requires_grad=False):
-        self.data = _to_array(data, dtype)
+        self.data = to_array(data.data if isinstance(data, Tensor) else data, dtype)
         self.grad = None
         self._ctx = None
         self._hooks = None
@@ -416,7 +290,7 @@ class Tensor:
         keywords dtype=, device=, copy=. Returns self when nothing changes
         (unless copy=True); gradients flow back through float casts. The
         CPU is the only device: any other raises NotImplementedError."""
-        dtype, copy = _to_args(args, dict(kwargs), "to")
+        dtype, copy = to_args(args, dict(kwargs), "to")
         if dtype is None or dtype == self.dtype:
             return self.clone() if copy else self
         if dtype.kind == "f" and self.dtype.kind == "f":
@@ -435,8 +309,8 @@ class Tensor:
         """With no argument, the type name as PyTorch spells it
         ("torch.FloatTensor", ...); with a dtype (or such a name), to(dtype)."""
         if dtype is None:
-            return _TYPE_NAMES[self.dtype]
-        names = {v: k for k, v in _TYPE_NAMES.items()}
+            return TYPE_NAMES[self.dtype]
+        names = {v: k for k, v in TYPE_NAMES.items()}
         return self.to(names.get(dtype, dtype))
 
     def float(self):
@@ -878,15 +752,8 @@ class Tensor:
 
 
 # ------------------------------------------------------------- free functions
-# torch's signatures: the creation functions take dtype, device and
-# requires_grad as keywords (device: None or "cpu").
-
-def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    """A new Tensor from data (array, nested lists, scalar); as torch.tensor,
-    Python floats become float32 and numpy arrays keep their dtype."""
-    _check_device(device, "tensor")
-    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
-
+# torch.cat, torch.where, ...: the functions that mirror Tensor methods. The
+# creation functions (tensor, zeros, randn, ...) are in creation.py.
 
 def cat(tensors, dim=0):
     """Join tensors along an existing axis."""
@@ -925,81 +792,6 @@ def matmul(input, other):
     return MatMul.apply(*_promote(input, other))
 
 
-def _is_int(v):
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _check_size(size, op, name="size"):
-    """A tensor size (an int or a sequence of ints) as a tuple, or an error
-    naming the op and the argument."""
-    dims = (size,) if _is_int(size) else size
-    if not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
-        raise TypeError(f"{op}: {name} must be an int or a tuple of ints, got {size!r}")
-    if any(d < 0 for d in dims):
-        raise ValueError(f"{op}: {name} must not be negative, got {tuple(dims)}")
-    return tuple(int(d) for d in dims)
-
-
-def _shape_args(shape, op):
-    """`f(2, 3)` or `f((2, 3))`, checked."""
-    return _check_size(tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
-                       op)
-
-
-def _new(data, device, requires_grad, op):
-    _check_device(device, op)
-    return Tensor(data, requires_grad=requires_grad)
-
-
-def zeros(*size, dtype=None, device=None, requires_grad=False):
-    """A tensor of zeros of shape `size` (ints or one tuple), float32 by default."""
-    return _new(np.zeros(_shape_args(size, "zeros"), dtype=_canonical_dtype(dtype or float32)), device,
-                requires_grad, "zeros")
-
-
-def ones(*size, dtype=None, device=None, requires_grad=False):
-    """A tensor of ones of shape `size`, float32 by default."""
-    return _new(np.ones(_shape_args(size, "ones"), dtype=_canonical_dtype(dtype or float32)), device,
-                requires_grad, "ones")
-
-
-def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
-    """A tensor of shape `size` filled with `fill_value`; the dtype follows
-    the value as in PyTorch (bool, int64, else float32) unless given."""
-    if not isinstance(fill_value, (int, float, bool, np.number, np.bool_)):
-        raise TypeError(f"full: fill_value must be a number, got {fill_value!r}")
-    if dtype is None:
-        dtype = (bool_ if isinstance(fill_value, (bool, np.bool_)) else
-                 int64 if isinstance(fill_value, (int, np.integer)) else float32)
-    return _new(np.full(_check_size(size, "full"), fill_value, dtype=_canonical_dtype(dtype)), device,
-                requires_grad, "full")
-
-
-def zeros_like(input, *, dtype=None, device=None, requires_grad=False):
-    """zeros of input's shape and (unless given) dtype."""
-    return zeros(input.shape, dtype=dtype or input.dtype, device=device, requires_grad=requires_grad)
-
-
-def ones_like(input, *, dtype=None, device=None, requires_grad=False):
-    """ones of input's shape and (unless given) dtype."""
-    return ones(input.shape, dtype=dtype or input.dtype, device=device, requires_grad=requires_grad)
-
-
-def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
-    """[start, end) by step (arange(end) starts at 0): int64 for integer
-    arguments, float32 if any is a float."""
-    if end is None:
-        start, end = 0, start
-    for name, value in (("start", start), ("end", end), ("step", step)):
-        if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"arange: {name} must be a number, got {value!r}")
-    if step == 0:
-        raise ValueError("arange: step must be nonzero")
-    data = np.arange(start, end, step)
-    data = _to_array(data, dtype if dtype is not None or data.dtype.kind != "f" else float32)
-    return _new(data, device, requires_grad, "arange")
-
-
 def _reference():
     """The module of reference versions (`with reference_ops():` runs them). It
     builds on Tensor, so it is imported when first needed, not at the top."""
@@ -1010,38 +802,6 @@ def _reference():
 def _reference_ops():
     """Whether `reference_ops()` is on in this thread (reference/composites.py's switch)."""
     return _reference().is_reference_ops_enabled()
-
-
-def _generator(generator):
-    from .random import get_generator
-    return get_generator() if generator is None else generator
-
-
-def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    """Standard normal samples from `generator` (a numpy Generator), by
-    default the framework's, seeded by `manual_seed`."""
-    data = _generator(generator).standard_normal(_shape_args(size, "randn"))
-    return _new(data.astype(_canonical_dtype(dtype or float32)), device, requires_grad, "randn")
-
-
-def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    """Uniform samples in [0, 1), drawn as randn's."""
-    data = _generator(generator).random(_shape_args(size, "rand"))
-    return _new(data.astype(_canonical_dtype(dtype or float32)), device, requires_grad, "rand")
-
-
-def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None,
-            requires_grad=False):
-    """Integers drawn uniformly from [low, high), of shape `size`, int64 by
-    default; randint(high, size) starts at 0, as in PyTorch."""
-    if size is None:  # randint(high, size)
-        low, high, size = 0, low, high
-    if not _is_int(low) or not _is_int(high):
-        raise TypeError(f"randint: low and high must be integers, got low={low!r}, high={high!r}")
-    if low >= high:
-        raise ValueError(f"randint: low must be less than high, got low={low}, high={high}")
-    data = _generator(generator).integers(low, high, size=_check_size(size, "randint"))
-    return _new(_to_array(data, dtype or int64), device, requires_grad, "randint")
 
 
 autograd.register_tensor_type(Tensor, Tensor._make, as_tensor_like)  # the engine's graph nodes are Tensors

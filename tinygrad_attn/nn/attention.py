@@ -1,6 +1,8 @@
-"""Multi-head attention, as in the seeds and in torch.nn.MultiheadAttention.
+"""Multi-head attention, as in the seed notes and in torch.nn.MultiheadAttention.
 
-The seeds write a projection two ways: for one word as a column,
+The seed notes (the seeds) are the two lecture notes on attention this
+project's math comes from, kept outside the repository (README.md, "Learn",
+says what they hold). They write a projection two ways: for one word as a column,
 q = W x with W of shape (head_dim, E) (the column form), and for the words
 as the rows of X, Q = X W with W of shape (E, head_dim) (the row form).
 They are the same map when W_row = W_col^T, since row i of X W_col^T is

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .. import functional as F
-from ..tensor import _DTYPE_NAMES
+from ..dtypes import DTYPE_NAMES
 from . import init
 from .module import Module, Parameter
 
@@ -44,7 +44,7 @@ def factory_dtype(owner, device=None, dtype=None):
         return None
     name = str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype
     try:
-        dt = np.dtype(_DTYPE_NAMES.get(name, name) if isinstance(name, str) else name)
+        dt = np.dtype(DTYPE_NAMES.get(name, name) if isinstance(name, str) else name)
     except TypeError:
         dt = None
     if dt not in (np.float32, np.float64):

@@ -15,7 +15,8 @@ from itertools import chain
 
 import numpy as np
 
-from ..tensor import Tensor, _to_args
+from ..dtypes import to_args
+from ..tensor import Tensor
 
 
 class Parameter(Tensor):
@@ -244,7 +245,7 @@ class Module:
         floating dtype, in place, keeping the same Parameter objects; returns
         self. As torch's: to(dtype), to("cpu") (nothing to do: the CPU is the
         only device), to("cpu", dtype), to(tensor) (its dtype), dtype=/device=."""
-        dtype, _ = _to_args(args, dict(kwargs), f"{type(self).__name__}.to")
+        dtype, _ = to_args(args, dict(kwargs), f"{type(self).__name__}.to")
         if dtype is None:
             return self
         if dtype.kind != "f":

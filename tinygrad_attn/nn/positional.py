@@ -2,7 +2,8 @@
 
 Attention itself ignores the order of its keys, so the Transformer adds to
 each token's embedding a vector that depends on its position: a fixed
-sinusoidal one (the seeds' and the paper's) or a learned one (GPT's).
+sinusoidal one (the paper's, and that of the seed notes: the lecture notes
+this project's math comes from, README.md "Learn") or a learned one (GPT's).
 Inputs are (batch, T, d_model), or (T, d_model) for one sequence.
 
 Llama rotates instead: rotary embeddings (`RotaryEmbedding`,

@@ -5,6 +5,9 @@ composites      each fused function of `functional` built from primitive ops
                 that makes the framework run them instead of the kernels
 numpy_backward  each fused op's backward written out in plain numpy, the
                 derivative in its docstring (imports nothing of the framework)
+numpy_flash     attention the FlashAttention way in plain numpy: an online
+                softmax over blocks of keys, a backward that recomputes P
+                from the saved log-sum-exp (imports nothing of the framework)
 
 `tinygrad_attn.reference.softmax` and the rest are the composites.
 """

@@ -97,6 +97,13 @@ def log_softmax(x, dim=-1):
     return shifted - shifted.exp().sum(axis=dim, keepdims=True).log()
 
 
+def _power_of_two_scale(x, axes):
+    """Per row, 2^(e-1) for max|x| = m 2^e (0.5 <= m < 1), so |x| / c < 2; 1
+    for rows whose max is below 1 (or not finite: they stay inf/NaN)."""
+    e = np.frexp(np.abs(x).max(axis=axes, keepdims=True, initial=0))[1]
+    return np.ldexp(np.ones((), x.dtype), np.maximum(e - 1, 0))
+
+
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last
     len(normalized_shape) axes (biased variance, as torch.nn.LayerNorm)."""
@@ -106,6 +113,11 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise ShapeError(f"layer_norm: input of shape {x.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
     axes = tuple(range(x.ndim - k, x.ndim))
+    # A row of 1e30 in float32 would overflow when squared. Dividing it by a
+    # power of two c near its largest |x| is exact and changes nothing else:
+    # layer_norm(x) = layer_norm(x / c) with eps / c^2. (c: a constant, 1 for rows below 1.)
+    c = Tensor(_power_of_two_scale(x.data, axes))
+    x, eps = x / c, eps / c / c
     mean = x.mean(axis=axes, keepdims=True)
     centered = x - mean
     var = (centered * centered).mean(axis=axes, keepdims=True)

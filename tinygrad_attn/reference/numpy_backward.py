@@ -102,11 +102,18 @@ def log_softmax_backward(y, grad, axis=-1):
 
 def _normalized(x, normalized_ndim, eps):
     """(xhat, rstd, axes): xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps),
-    mean and biased var over the last `normalized_ndim` axes."""
+    mean and biased var over the last `normalized_ndim` axes.
+
+    Computed on x / c, c a power of two near each row's largest |x| (1 for
+    rows below 1): exact, so xhat is the same, and rstd(x) = rstd(x / c) / c
+    with eps / c^2; but a row of 1e30 in float32 no longer overflows when squared."""
     axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
-    centered = x - x.mean(axis=axes, keepdims=True)
-    rstd = 1 / np.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
-    return centered * rstd, rstd, axes
+    c = np.ldexp(np.ones((), x.dtype),
+                 np.maximum(np.frexp(np.abs(x).max(axis=axes, keepdims=True, initial=0))[1] - 1, 0))
+    xs = x / c
+    centered = xs - xs.mean(axis=axes, keepdims=True)
+    rstd = 1 / np.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps / c / c)
+    return centered * rstd, rstd / c, axes
 
 
 def layer_norm_forward(x, weight, bias, normalized_ndim=1, eps=1e-5):
@@ -125,8 +132,13 @@ def layer_norm_backward(x, weight, grad, normalized_ndim=1, eps=1e-5):
     The first term is the direct path; the two means are what x gives
     through its own mean (a shift: subtract the mean of gw) and its own
     variance (a scale: remove the part of gw along xhat). So dL/dx sums to 0
-    over a row and is orthogonal to xhat. (The fused op:
-    tinygrad_attn.ops.layer_norm.LayerNormOp.)
+    over a row, exactly. It is orthogonal to xhat only when eps = 0: per row,
+
+        dL/dx . xhat = eps (gw . xhat) / sigma^3,    sigma = sqrt(var + eps)
+
+    since sum(xhat^2) = d (1 - eps / sigma^2) falls short of d (tiny at
+    eps = 1e-5 for rows of unit size, not zero; docs/backprop_through_attention.md
+    section 7). (The fused op: tinygrad_attn.ops.layer_norm.LayerNormOp.)
     """
     xhat, rstd, axes = _normalized(x, normalized_ndim, eps)
     gw = grad * weight

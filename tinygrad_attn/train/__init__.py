@@ -16,8 +16,9 @@ from .config import GELUS, SCHEDULES, TASK_DEFAULTS, TASKS, ConfigError, TrainCo
 from .rundir import (CHECKPOINT_NAME, GRAD_NORMS_NAME, METRICS_LOG_NAME, METRICS_NAME, clear_run,
                      run_files)
 from .run import RunInfo, export_torch, load_run, torch_state_dict
-from .trainer import (RunExistsError, Terminated, Trainer, TrainingDiverged, checkpoint_file,
-                      make_scheduler, model_from_checkpoint, read_checkpoint, weight_decay_groups)
+from .checkpoints import checkpoint_file, model_from_checkpoint, read_checkpoint
+from .signals import Terminated
+from .trainer import RunExistsError, Trainer, TrainingDiverged, make_scheduler, weight_decay_groups
 
 __all__ = ["TrainConfig", "ConfigError", "TASKS", "TASK_DEFAULTS", "SCHEDULES", "GELUS", "Trainer",
            "RunExistsError", "TrainingDiverged", "Terminated", "load_run", "RunInfo", "export_torch",

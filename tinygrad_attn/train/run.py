@@ -19,7 +19,8 @@ from .. import data
 from ..checkpoint import save
 from ..models import GPT
 from .config import TrainConfig
-from .trainer import checkpoint_file, model_from_checkpoint, read_checkpoint
+from .checkpoints import checkpoint_file, model_from_checkpoint, read_checkpoint
+from .rundir import CHECKPOINT_NAME
 
 TORCH_FORMAT = "tinygrad_attn.torch/1"  # metadata["format"] of an export
 
@@ -73,6 +74,16 @@ def load_run(path):
                           step=int(metadata["step"]), tokenizer=tokenizer, metadata=metadata)
 
 
+def run_name(path):
+    """The name of the run a checkpoint file belongs to: its directory's name
+    (runs/charlm/checkpoint.safetensors -> "charlm"), or the file's own name
+    for a checkpoint saved under another name (best.safetensors)."""
+    path = os.path.abspath(path)
+    if os.path.basename(path) == CHECKPOINT_NAME:
+        return os.path.basename(os.path.dirname(path))
+    return os.path.basename(path)
+
+
 # --------------------------------------------------------------------------- PyTorch
 # our GPT's parameter names -> nanoGPT's (examples/torch_models.py's GPT)
 _NANOGPT_NAMES = [
@@ -113,9 +124,10 @@ def torch_state_dict(model):
 def export_torch(path, out, overwrite=False):
     """Write the model of a run (directory or checkpoint) as a safetensors
     state dict for PyTorch (`torch_state_dict`), with metadata "module"
-    (GPT, Llama or Seq2SeqTransformer), "config" (its constructor's arguments, JSON)
-    and "format". Refuses an existing `out` unless overwrite=True.
-    Returns `out`."""
+    (GPT, Llama or Seq2SeqTransformer), "config" (its constructor's arguments, JSON),
+    "task", "step", "source" (the run's name, `run_name`: never a local path,
+    as the file is made to be shared) and "format". Refuses an existing
+    `out` unless overwrite=True. Returns `out`."""
     out = os.fspath(out)
     if os.path.isdir(out):
         raise IsADirectoryError(f"{out} is a directory; give the file to write, e.g. {out}/model.safetensors")
@@ -124,7 +136,7 @@ def export_torch(path, out, overwrite=False):
     model, info = load_run(path)
     config = asdict(model.config)
     metadata = {"format": TORCH_FORMAT, "module": type(model).__name__, "config": json.dumps(config),
-                "task": info.task, "step": str(info.step), "source": os.path.abspath(info.path)}
+                "task": info.task, "step": str(info.step), "source": run_name(info.path)}
     if "chars" in info.metadata:
         metadata["chars"] = info.metadata["chars"]
     save(torch_state_dict(model), out, metadata=metadata)

@@ -1,4 +1,4 @@
-"""`Trainer`: the training loop, evaluation, checkpoints and the run's report.
+"""`Trainer`: the training loop, evaluation and the run's report.
 
     trainer = Trainer(TrainConfig(task="reverse", steps=500, out="runs/rev"))
     trainer.fit()          # progress bar, evaluations, checkpoints; Ctrl-C and SIGTERM save
@@ -19,32 +19,29 @@ A fresh run refuses an output directory that holds another run's files
 (`RunExistsError`) unless built with overwrite=True, which deletes those
 files (only those: see `rundir`). Metrics go to metrics.jsonl as they
 happen.
+
+Around the loop, each in its own file: signals.py (Ctrl-C and SIGTERM save,
+never half an update), checkpoints.py (what a checkpoint holds, writing and
+reading it), metrics.py (metrics.jsonl and metrics.json).
 """
-import json
 import math
 import os
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
 
 from .. import nn, optim, viz
-from ..checkpoint import CheckpointError, load, save
-from ..models import GPT, GPTConfig, Llama, LlamaConfig, Seq2SeqConfig, Seq2SeqTransformer
 from ..random import get_generator, manual_seed
+from .checkpoints import checkpoint_file, read_checkpoint, restore_checkpoint, write_checkpoint
 from .config import ConfigError, TrainConfig
 from .jobs import make_job
+from .metrics import eval_record, finite_json, format_metrics, train_record, write_metrics_log, write_summary
 from .rundir import (ATTENTION_DIR, CHECKPOINT_NAME, GRAD_NORMS_NAME, LOSS_PLOT_NAME, METRICS_LOG_NAME,
                      METRICS_NAME, append_jsonl, clear_run, json_number, keep_jsonl_until, run_files)
+from .signals import Terminated, interrupts_deferred, sigterm_as_interrupt
 
-FORMAT = "tinygrad_attn.train/1"  # metadata["format"] of our checkpoints
 BETA1 = 0.9  # beta2 is a setting (default 0.99, nanoGPT's for small models: faster than 0.999)
-# the "kind" of a model config's JSON -> (model class, config class)
-MODEL_CLASSES = {"Seq2SeqConfig": (Seq2SeqTransformer, Seq2SeqConfig), "GPTConfig": (GPT, GPTConfig),
-                 "LlamaConfig": (Llama, LlamaConfig)}
 
 
 class RunExistsError(ConfigError):
@@ -58,10 +55,6 @@ class TrainingDiverged(RuntimeError):
     def __init__(self, message, step=None, loss=None, grad_norm=None):
         super().__init__(message)
         self.step, self.loss, self.grad_norm = step, loss, grad_norm
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, received during `Trainer.fit`: handled like Ctrl-C."""
 
 
 def weight_decay_groups(model, weight_decay, decay_embeddings=False):
@@ -104,111 +97,6 @@ def make_scheduler(optimizer, config, d_model):
         return optim.InverseSqrtLR(optimizer, d_model, config.warmup,
                                    scale=math.sqrt(d_model * config.warmup))
     return optim.LinearWarmupLR(optimizer, config.warmup)
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _in_main_thread():
-    return threading.current_thread() is threading.main_thread()
-
-
-@contextmanager
-def _interrupts_deferred():
-    """Hold back Ctrl-C (SIGINT) and SIGTERM until the block ends, so that an
-    optimizer update is never left half applied; then act on the first one
-    received as its handler would have (in the main thread; elsewhere
-    signals cannot be caught and the block runs as is)."""
-    if not _in_main_thread():
-        yield
-        return
-    received = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
-                for signum in _SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        if received:
-            signum = received[0]
-            handler = previous[signum]
-            if callable(handler):
-                handler(signum, None)  # Python's SIGINT handler raises KeyboardInterrupt
-            elif handler in (signal.SIG_DFL, None):
-                if signum == signal.SIGINT:
-                    raise KeyboardInterrupt
-                signal.raise_signal(signum)  # SIGTERM's default: the process ends
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated("SIGTERM")
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """Within the block SIGTERM (what `kill`, schedulers and containers send)
-    raises `Terminated`, a KeyboardInterrupt, so it saves like Ctrl-C."""
-    if not _in_main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-def _finite_json(value):
-    """`value` with every NaN or infinity replaced by None (for strict JSON)."""
-    if isinstance(value, float):
-        return json_number(value)
-    if isinstance(value, dict):
-        return {k: _finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_json(v) for v in value]
-    return value
-
-
-# --------------------------------------------------------------------------- checkpoints
-def checkpoint_file(path):
-    """The checkpoint file of `path`: the file itself, or a run directory's
-    checkpoint.safetensors (CheckpointError if the directory has none,
-    FileNotFoundError if nothing is at `path`)."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        candidate = os.path.join(path, CHECKPOINT_NAME)
-        if not os.path.exists(candidate):
-            raise CheckpointError(f"{path} is a directory without a {CHECKPOINT_NAME}")
-        path = candidate
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    return path
-
-
-def read_checkpoint(path):
-    """(arrays, metadata) of a training checkpoint (a file or a run
-    directory); CheckpointError if the file is not one of ours
-    (FileNotFoundError if it does not exist)."""
-    path = checkpoint_file(path)
-    arrays, metadata = load(path, with_metadata=True)
-    if metadata.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is a safetensors file but not a tinygrad_attn training "
-                              "checkpoint (it has no training metadata)")
-    return arrays, metadata
-
-
-def model_from_checkpoint(arrays, metadata):
-    """The model stored in a checkpoint, with its weights, in eval mode."""
-    spec = json.loads(metadata["model"])
-    kind = spec.get("kind")
-    if kind not in MODEL_CLASSES:
-        raise CheckpointError(f"unknown model kind {kind!r} in the checkpoint")
-    model_class, config_class = MODEL_CLASSES[kind]
-    model = model_class(config_class.from_json(metadata["model"]))
-    prefix = "model."
-    model.load_state_dict({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
-    return model.eval()
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -292,24 +180,8 @@ class Trainer:
 
     def _rewrite_metrics_log(self):
         """metrics.jsonl from the history: empty for a fresh run."""
-        evals = {}
-        for record in self.history["eval"]:
-            evals.setdefault(record["step"], []).append(record)
-        with open(self._path(METRICS_LOG_NAME), "w", encoding="utf-8") as f:
-            for row in self.history["train"]:
-                f.write(json.dumps(self._train_record(*row)) + "\n")
-                for record in evals.get(row[0], []):
-                    f.write(json.dumps(self._eval_record(record)) + "\n")
+        write_metrics_log(self._path(METRICS_LOG_NAME), self.history)
         self._rows_logged = len(self.history["train"])
-
-    @staticmethod
-    def _train_record(step, loss, lr, grad_norm):
-        return {"type": "train", "step": step, "loss": json_number(loss), "lr": lr,
-                "grad_norm": json_number(grad_norm)}
-
-    @staticmethod
-    def _eval_record(record):
-        return {"type": "eval", **_finite_json(record)}
 
     def _log_metrics(self, record):
         append_jsonl(self._path(METRICS_LOG_NAME), record)
@@ -318,9 +190,9 @@ class Trainer:
         """Write the history's steps that metrics.jsonl does not have yet.
         Signals wait meanwhile: one landing between a line's write and the
         count below would have the interrupt handler write that line again."""
-        with _interrupts_deferred():
+        with interrupts_deferred():
             for row in self.history["train"][self._rows_logged:]:
-                self._log_metrics(self._train_record(*row))
+                self._log_metrics(train_record(*row))
             self._rows_logged = len(self.history["train"])
 
     # ------------------------------------------------------------ one step
@@ -369,7 +241,7 @@ class Trainer:
             raise TrainingDiverged(f"training diverged at step {next_step}: the loss is {loss_value:g} and "
                                    f"the gradient norm {grad_norm:g}; that step was not applied",
                                    step=next_step, loss=loss_value, grad_norm=grad_norm)
-        with _interrupts_deferred():  # the update and its bookkeeping happen entirely or not at all
+        with interrupts_deferred():  # the update and its bookkeeping happen entirely or not at all
             self.optimizer.step()
             self.scheduler.step()
             self.step = next_step
@@ -383,7 +255,7 @@ class Trainer:
         norms = viz.grad_norms(self.model.named_parameters())
         total = math.sqrt(sum(n * n for n in norms.values()))
         append_jsonl(self._path(GRAD_NORMS_NAME),
-                     {"step": step, "total": json_number(total), "norms": _finite_json(norms)})
+                     {"step": step, "total": json_number(total), "norms": finite_json(norms)})
 
     def evaluate(self):
         """The job's periodic evaluation, recorded in the history."""
@@ -416,7 +288,7 @@ class Trainer:
             self.train_seconds = seconds_before + time.perf_counter() - session_start
 
         try:
-            with _sigterm_as_interrupt():
+            with sigterm_as_interrupt():
                 while self.step < until:
                     loss, n_tokens = self.train_step()
                     lr = self.scheduler.get_last_lr()[0]
@@ -432,7 +304,7 @@ class Trainer:
                         callback(self)
                     if self.step % self.config.eval_every == 0 or self.step == until:
                         metrics = self.evaluate()
-                        self._log_metrics(self._eval_record(self.history["eval"][-1]))
+                        self._log_metrics(eval_record(self.history["eval"][-1]))
                         if not math.isfinite(metrics["val_loss"]):  # finite weights, but not a usable model
                             raise TrainingDiverged(
                                 f"training diverged at step {self.step}: the evaluation loss is "
@@ -440,35 +312,45 @@ class Trainer:
                         clock()
                         self.save_checkpoint()
                         self._write(f"step {self.step:>{len(str(until))}}/{until} | train loss {smoothed:.4f} | "
-                                    f"lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | " + _format_metrics(metrics))
+                                    f"lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | " + format_metrics(metrics))
                         tokens, started = 0, time.perf_counter()  # throughput without the evaluation
         except TrainingDiverged as e:
             clock()
-            self._close_bar()
-            self._log_new_steps()
-            self._log_metrics({"type": "diverged", "step": e.step, "loss": json_number(e.loss),
-                               "grad_norm": json_number(e.grad_norm)})
-            self.write_metrics("diverged")
-            kept = (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}) is kept"
-                    if self.saved_step is not None and os.path.exists(self.checkpoint_path)
-                    else "no checkpoint was saved")
-            e.args = (f"{e.args[0]}; {kept}. Try a smaller --lr (or --grad-clip)",)
+            self._stop_diverged(e)
             raise
         except (KeyboardInterrupt, BrokenPipeError) as e:
             clock()
-            self._close_bar()
-            self._log_new_steps()  # a step that completed just before the interrupt
-            path = self.save_checkpoint()
-            how = ("terminated (SIGTERM)" if isinstance(e, Terminated)
-                   else "output closed" if isinstance(e, BrokenPipeError) else "interrupted")
-            self._log_metrics({"type": "interrupted", "step": self.step, "by": how})
-            self.write_metrics("interrupted")
-            if not isinstance(e, BrokenPipeError):  # the log may be what was closed
-                self.log(f"{how}: saved step {self.step} to {path}; continue with "
-                         f"`python -m tinygrad_attn resume {self.config.out}`")
+            self._stop_interrupted(e)
             raise
         self._close_bar()
         return metrics
+
+    def _stop_diverged(self, e):
+        """fit() ends with TrainingDiverged `e`: log it, write metrics.json,
+        and say in `e` which checkpoint is kept (none is written)."""
+        self._close_bar()
+        self._log_new_steps()
+        self._log_metrics({"type": "diverged", "step": e.step, "loss": json_number(e.loss),
+                           "grad_norm": json_number(e.grad_norm)})
+        self.write_metrics("diverged")
+        kept = (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}) is kept"
+                if self.saved_step is not None and os.path.exists(self.checkpoint_path)
+                else "no checkpoint was saved")
+        e.args = (f"{e.args[0]}; {kept}. Try a smaller --lr (or --grad-clip)",)
+
+    def _stop_interrupted(self, e):
+        """fit() ends with KeyboardInterrupt (or Terminated) or BrokenPipeError
+        `e`: save the last completed step, log how it ended, write metrics.json."""
+        self._close_bar()
+        self._log_new_steps()  # a step that completed just before the interrupt
+        path = self.save_checkpoint()
+        how = ("terminated (SIGTERM)" if isinstance(e, Terminated)
+               else "output closed" if isinstance(e, BrokenPipeError) else "interrupted")
+        self._log_metrics({"type": "interrupted", "step": self.step, "by": how})
+        self.write_metrics("interrupted")
+        if not isinstance(e, BrokenPipeError):  # the log may be what was closed
+            self.log(f"{how}: saved step {self.step} to {path}; continue with "
+                     f"`python -m tinygrad_attn resume {self.config.out}`")
 
     def _write(self, line):
         if self._bar is None:
@@ -492,24 +374,7 @@ class Trainer:
             raise TrainingDiverged(f"not saving a checkpoint of step {self.step}: {len(bad)} parameters "
                                    f"are not finite (the first: {bad[0]})", step=self.step)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        arrays = {f"model.{k}": v.data for k, v in self.model.state_dict().items()}
-        arrays.update(optim.flatten_state_dict(self.optimizer.state_dict(), "optimizer."))
-        arrays.update(optim.flatten_state_dict(self.scheduler.state_dict(), "scheduler."))
-        # the per-step curve as an array (it grows with the run); the few evaluations as JSON
-        arrays["history.train"] = np.array([[s, loss, lr, np.nan if g is None else g]
-                                            for s, loss, lr, g in self.history["train"]],
-                                           dtype=np.float64).reshape(-1, 4)
-        metadata = {
-            "format": FORMAT,
-            "config": self.config.to_json(),
-            "model": self.model.config.to_json(),
-            "step": str(self.step),
-            "train_seconds": repr(self.train_seconds),
-            "rng_state": json.dumps(self._rng_state),
-            "history_eval": json.dumps(self.history["eval"]),
-            **self.job.metadata(),
-        }
-        save(arrays, path, metadata=metadata)
+        write_checkpoint(path, self)
         if path == self.checkpoint_path:
             self.saved_step = self.step
         return path
@@ -546,21 +411,7 @@ class Trainer:
                 raise
             raise FileNotFoundError(f"{e}; if the text moved, pass --text PATH (resume "
                                     "checks that its contents are the same)") from None
-        trainer.job.check_metadata(metadata)
-        prefix = "model."
-        trainer.model.load_state_dict({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
-        trainer.optimizer.load_state_dict(optim.unflatten_state_dict(arrays, "optimizer."))
-        trainer.scheduler.load_state_dict(optim.unflatten_state_dict(arrays, "scheduler."))
-        if isinstance(trainer.scheduler, optim.CosineWarmupLR):
-            trainer.scheduler.total_steps = config.steps  # a longer run decays over its new length
-        trainer.step = step
-        trainer.train_seconds = float(metadata.get("train_seconds", 0.0))
-        rows = arrays["history.train"].tolist()
-        trainer.history = {"train": [[int(r[0]), r[1], r[2], r[3] if len(r) > 3 and math.isfinite(r[3]) else None]
-                                     for r in rows],
-                           "eval": json.loads(metadata["history_eval"])}
-        trainer._rng_state = json.loads(metadata["rng_state"])
-        get_generator().bit_generator.state = trainer._rng_state
+        restore_checkpoint(trainer, arrays, metadata)
         trainer._resumed_from, trainer.saved_step = run_dir, step
         return trainer
 
@@ -578,13 +429,13 @@ class Trainer:
             lines.append(f"final train loss {sum(recent) / len(recent):.4f} (mean of the last {len(recent)} steps)")
         what = (f"{len(self.job.held_out)} held-out sequences, greedy decoding" if self.config.is_seq2seq
                 else f"{self.config.eval_size} validation windows")
-        lines.append(f"final {_format_metrics(metrics)} ({what})")
+        lines.append(f"final {format_metrics(metrics)} ({what})")
         lines += self.job.examples()
         if plots:
             lines += self.write_plots()
         lines.append(f"checkpoint: {self.checkpoint_path}")
         os.makedirs(self.config.out, exist_ok=True)
-        self._log_metrics({"type": "final", "step": self.step, **_finite_json(metrics)})
+        self._log_metrics({"type": "final", "step": self.step, **finite_json(metrics)})
         self.write_metrics("done", final=metrics)
         for line in lines:
             self.log(line)
@@ -594,10 +445,7 @@ class Trainer:
         """Write metrics.json: {"status", "step", "train_seconds", "final", "history"}
         (status "done", "interrupted" or "diverged"; final: the final
         evaluation, None unless done)."""
-        summary = {"status": status, "step": self.step, "train_seconds": self.train_seconds,
-                   "final": final, "history": self.history}
-        with open(self._path(METRICS_NAME), "w", encoding="utf-8") as f:
-            json.dump(_finite_json(summary), f)
+        write_summary(self._path(METRICS_NAME), status, self.step, self.train_seconds, self.history, final)
 
     def write_plots(self):
         """Write loss.png and attention/<layer>.png; returns lines saying what was written."""
@@ -612,13 +460,6 @@ class Trainer:
         return [f"loss curve: {loss_path}",
                 f"attention heatmaps ({len(paths)} layers, one panel per head): "
                 f"{os.path.dirname(paths[0]) if paths else '-'}"]
-
-
-def _format_metrics(metrics):
-    parts = []
-    for name, value in metrics.items():
-        parts.append(f"{name} {value:.2%}" if name == "exact_match" else f"{name} {value:.4f}")
-    return " | ".join(parts)
 
 
 def _progress_bar(total, initial, enabled):
