@@ -141,3 +141,19 @@ class Built:
 
     def __init__(self, step, check, train=None):
         self.step, self.check, self.train = step, check, train
+
+
+# ------------------------------------------------------------ Llama (llama2.c's architecture)
+# nanoGPT's CPU size with 2 of the 4 heads' keys and values shared; SwiGLU width 352
+# (llama2.c's rule, multiple_of 32); a char vocabulary; AdamW and clipping as W2.
+LLAMA = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=65, multiple_of=32, max_seq_len=64,
+             batch=12, lr=1e-3, weight_decay=0.1)
+WORKLOADS["llama"] = "Llama char-LM, 4 blocks d128, 4 heads / 2 kv, AdamW, clip, 12x64"
+_LB, _LT, _LD, _LH = LLAMA["batch"], LLAMA["max_seq_len"], LLAMA["dim"], LLAMA["n_heads"]
+LLAMA_KERNELS = {  # a Llama step's new kernels at its shapes; PyTorch: F.rms_norm, llama2.c's rotary in torch
+    "rms_norm": ("rms_norm", f"({_LB},{_LT},{_LD})", [("f", (_LB, _LT, _LD), 1.0), ("f", (_LD,), 1.0)],
+                 (True, True)),
+    "rotary": ("rotary (queries)", f"({_LB},{_LT},{_LH},{_LD // _LH})",
+               [("f", (_LB, _LT, _LH, _LD // _LH), 1.0)], (True,)),
+}
+KERNELS.update(LLAMA_KERNELS)

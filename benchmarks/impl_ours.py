@@ -134,6 +134,8 @@ def init(case, path):
         c = C.W2
         arrays = {"in.idx": rng.integers(0, c["vocab"], (c["batch"], c["block"])),
                   "in.target": rng.integers(0, c["vocab"], (c["batch"], c["block"])), **_weights(_gpt())}
+    elif case == "llama":
+        arrays = init_llama(rng)
     elif case == "W3":
         c = C.W3
         arrays = {"in.x": rng.standard_normal((c["batch"], c["seq"], c["embed_dim"]), np.float32),
@@ -383,3 +385,33 @@ def _alternating(key, inputs):
 def profile(built, steps):
     import instrument
     return instrument.profile(built.train, steps)
+
+
+# ------------------------------------------------------------ Llama
+
+def _llama_model():
+    c = C.LLAMA
+    return models.Llama(models.LlamaConfig(dim=c["dim"], n_layers=c["n_layers"], n_heads=c["n_heads"],
+                                           n_kv_heads=c["n_kv_heads"], vocab_size=c["vocab_size"],
+                                           multiple_of=c["multiple_of"], max_seq_len=c["max_seq_len"]))
+
+
+def init_llama(rng):
+    c = C.LLAMA
+    shape = (c["batch"], c["max_seq_len"])
+    return {"in.idx": rng.integers(0, c["vocab_size"], shape), "in.target": rng.integers(0, c["vocab_size"], shape),
+            **_weights(_llama_model())}
+
+
+def _llama(inputs, weights):
+    return _language_model(_llama_model(), weights, inputs["idx"], inputs["target"],
+                           lambda params: optim.AdamW(params, lr=C.LLAMA["lr"],
+                                                      weight_decay=C.LLAMA["weight_decay"]), clip=True)
+
+
+_WORKLOAD_BUILDERS["llama"] = _llama
+_ROTARY = nn.precompute_freqs_cis(C.LLAMA["dim"] // C.LLAMA["n_heads"], C.LLAMA["max_seq_len"])
+KERNEL_FNS.update({
+    "rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps=1e-5),
+    "rotary": lambda x: F.apply_rotary_emb(x, *_ROTARY),
+})

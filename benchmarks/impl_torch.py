@@ -266,3 +266,40 @@ def profile(built, steps):
         "aten_calls_per_step": sum(e.count for e in averages if e.key.startswith("aten::")) / steps,
         "table": averages.table(sort_by="self_cpu_time_total", row_limit=15),
     }
+
+
+# ------------------------------------------------------------ Llama
+# The twin of llama2.c's model.py in examples/torch_models.py (its module names, so our state dict loads).
+
+def _llama_twins():
+    import importlib
+    import os
+    import sys
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    return importlib.import_module("torch_models")
+
+
+LLAMA_TWINS = _llama_twins()
+
+
+def _llama(inputs, weights, buffers):
+    c = C.LLAMA
+    model = LLAMA_TWINS.Llama(dim=c["dim"], n_layers=c["n_layers"], n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
+                        vocab_size=c["vocab_size"], multiple_of=c["multiple_of"], max_seq_len=c["max_seq_len"])
+    model.load_state_dict(_state(weights))
+    idx, target = torch.from_numpy(inputs["idx"]), torch.from_numpy(inputs["target"]).reshape(-1)
+    forward = lambda: model(idx)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=c["lr"], weight_decay=c["weight_decay"])
+    train = C.TrainStep(_lm_loss(forward, target), opt, clip=torch.nn.utils.clip_grad_norm_, params=params)
+    return C.Built(train, _train_check(train, forward), train)
+
+
+_WORKLOAD_BUILDERS["llama"] = _llama
+_ROTARY = LLAMA_TWINS.llama_precompute_freqs_cis(C.LLAMA["dim"] // C.LLAMA["n_heads"], C.LLAMA["max_seq_len"])
+KERNEL_FNS.update({
+    "rms_norm": lambda x, w: TF.rms_norm(x, (x.shape[-1],), w, eps=1e-5),
+    "rotary": lambda x: LLAMA_TWINS.llama_apply_rotary_emb(x, *_ROTARY),
+})

@@ -1,6 +1,6 @@
 """Where a training step's time goes: tinygrad_attn against PyTorch's profiler.
 
-    PYTHONPATH=. python benchmarks/profile.py [--only W1|W2] [--steps N] [--threads N] [--quick]
+    PYTHONPATH=. python benchmarks/profile.py [--only W1|W2|copy|llama] [--steps N] [--threads N] [--quick]
 
 For each workload (W1, W2 of cases.py), in two worker processes:
 
@@ -24,7 +24,7 @@ import sys
 import cases as C
 import harness as H
 
-WORKLOADS = ("W1", "W2", "copy")
+WORKLOADS = ("W1", "W2", "copy", "llama")
 DEFAULT = ("W1", "W2")
 
 

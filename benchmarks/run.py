@@ -23,6 +23,8 @@ Tables (--only, repeatable; default all):
   rss          peak resident memory of a W1 training process
   startup      `python -m tinygrad_attn train`: process start to the end of its first step,
                with an empty and with a filled Numba cache
+  llama        a Llama training step (llama2.c's model at nanoGPT's CPU size) against the PyTorch
+               twin of llama2.c's model.py, and its RMSNorm and rotary kernels
 
 Timings on a shared machine are noisy: the header prints the load average;
 compare ratios within one run.
@@ -40,7 +42,7 @@ import time
 import cases as C
 import harness as H
 
-TABLES = ("kernels", "alternating", "encoder", "steps", "optim", "busy", "rss", "startup")
+TABLES = ("kernels", "alternating", "encoder", "steps", "optim", "busy", "rss", "startup", "llama")
 ALIASES = {"models": "steps"}
 
 
@@ -185,7 +187,8 @@ def encoder_table(run):
 
 def steps_table(run):
     comparison_table(run, "Training steps (zero_grad, forward, loss, backward, [clip 1.0], update), float32",
-                     [(label, case) for case, label in C.WORKLOADS.items()], "workload", before=True)
+                     [(label, case) for case, label in C.WORKLOADS.items() if case != "llama"],  # its own table
+                     "workload", before=True)
 
 
 def optim_table(run):
@@ -306,9 +309,20 @@ def startup_table(run):
     print(scipy_note())
 
 
+def llama_table(run):
+    c = C.LLAMA
+    rows = [(C.WORKLOADS["llama"], "llama")]
+    for key, (label, shape, _, _) in C.LLAMA_KERNELS.items():
+        rows += [(f"{label} {shape} fwd", C.kernel_case(key, "fwd")),
+                 (f"{label} {shape} fwd+bwd", C.kernel_case(key, "fwdbwd"))]
+    comparison_table(run, f"Llama (dim {c['dim']}, {c['n_layers']} layers, {c['n_heads']} heads, {c['n_kv_heads']} "
+                          f"key/value heads, {c['batch']}x{c['max_seq_len']}): a training step and its new kernels, "
+                          "float32", rows, "case")
+
+
 RUNNERS = {"kernels": kernels_table, "alternating": alternating_table, "encoder": encoder_table,
            "steps": steps_table, "optim": optim_table, "busy": busy_table, "rss": rss_table,
-           "startup": startup_table}
+           "startup": startup_table, "llama": llama_table}
 
 
 def _terminate(signum, frame):

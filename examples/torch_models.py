@@ -1,4 +1,4 @@
-"""PyTorch twins of tinygrad_attn's two models, to run an exported run in PyTorch.
+"""PyTorch twins of tinygrad_attn's models, to run an exported run in PyTorch.
 
     python -m tinygrad_attn export runs/charlm --to torch charlm.safetensors
 
@@ -17,8 +17,12 @@ the module and loads the weights with `load_state_dict(strict=True)`:
   tie_weights.
 - `Seq2SeqTransformer`: token embeddings, the sinusoidal positional table,
   `torch.nn.Transformer` and a Linear head: the copy / reverse / sort model.
+- `Llama`: the `--arch llama` charlm model, written the way llama2.c's
+  model.py is (its parameter names: tok_embeddings, layers.i.attention.wq,
+  feed_forward.w1, attention_norm, ffn_norm, norm, output): RMSNorm, rotary
+  positions, grouped-query attention, SwiGLU.
 
-Both return the logits of every position, in float32 equal to
+All return the logits of every position, in float32 equal to
 tinygrad_attn's to about 1e-6 (tests/test_export.py checks it).
 Needs torch and safetensors (`pip install torch safetensors`).
 """
@@ -159,8 +163,122 @@ class Seq2SeqTransformer(nn.Module):
         return self.generator(x)
 
 
+# --------------------------------------------------------------------------- Llama (llama2.c's model.py)
+# Written after the structure and names of llama2.c's model.py (Karpathy), so
+# that a state dict passes between the two unchanged. One deliberate
+# difference: llama2.c computes RMSNorm and the rotation in float32
+# (`x.float()`) whatever the model's dtype; this twin computes in the
+# model's dtype, so that float64 comparisons mean something (in float32 the
+# two are the same computation).
+def llama_precompute_freqs_cis(dim, end, theta=10000.0):
+    """(cos, sin) of t * f_i, f_i = 1 / theta^(2i/dim), (end, dim // 2), in float32 as llama2.c."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    angles = torch.outer(torch.arange(end), freqs).float()
+    return torch.cos(angles), torch.sin(angles)
+
+
+def llama_apply_rotary_emb(x, freqs_cos, freqs_sin):
+    """Turn each pair (x[2i], x[2i+1]) of x (B, T, H, hd) by the angles of its position."""
+    x_r, x_i = x.reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
+    cos = freqs_cos.view(1, x.shape[1], 1, -1).to(x.dtype)
+    sin = freqs_sin.view(1, x.shape[1], 1, -1).to(x.dtype)
+    return torch.stack([x_r * cos - x_i * sin, x_r * sin + x_i * cos], dim=-1).flatten(3)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, dim, n_heads, n_kv_heads, dropout):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_heads if n_kv_heads is None else n_kv_heads
+        self.n_rep, self.head_dim = self.n_heads // self.n_kv_heads, dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.resid_dropout = nn.Dropout(dropout)
+        self.dropout = dropout
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = llama_apply_rotary_emb(q, freqs_cos, freqs_sin), llama_apply_rotary_emb(k, freqs_cos, freqs_sin)
+        # grouped-query attention: each key/value head repeated for its n_rep query heads (llama2.c's repeat_kv)
+        k, v = (t.repeat_interleave(self.n_rep, dim=2) for t in (k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)
+        return self.resid_dropout(self.wo(y.transpose(1, 2).contiguous().view(B, T, -1)))
+
+
+class LlamaFeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, multiple_of, dropout):
+        super().__init__()
+        if hidden_dim is None:
+            hidden_dim = int(2 * (4 * dim) / 3)
+            hidden_dim = multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, dim, n_heads, n_kv_heads, hidden_dim, multiple_of, norm_eps, dropout):
+        super().__init__()
+        self.attention = LlamaAttention(dim, n_heads, n_kv_heads, dropout)
+        self.feed_forward = LlamaFeedForward(dim, hidden_dim, multiple_of, dropout)
+        self.attention_norm = LlamaRMSNorm(dim, norm_eps)
+        self.ffn_norm = LlamaRMSNorm(dim, norm_eps)
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        h = x + self.attention(self.attention_norm(x), freqs_cos, freqs_sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """tinygrad_attn.models.Llama in PyTorch (llama2.c's Transformer), with the
+    fields of its LlamaConfig (llama2.c's ModelArgs). forward(tokens) returns
+    the logits of every position (llama2.c's, without targets, the last only)."""
+
+    def __init__(self, dim=128, n_layers=4, n_heads=4, n_kv_heads=None, vocab_size=32000, hidden_dim=None,
+                 multiple_of=32, norm_eps=1e-5, max_seq_len=64, dropout=0.0):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList([LlamaBlock(dim, n_heads, n_kv_heads, hidden_dim, multiple_of, norm_eps,
+                                                dropout) for _ in range(n_layers)])
+        self.norm = LlamaRMSNorm(dim, norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.tok_embeddings.weight = self.output.weight  # tied, as llama2.c
+        freqs_cos, freqs_sin = llama_precompute_freqs_cis(dim // n_heads, max_seq_len)
+        self.register_buffer("freqs_cos", freqs_cos, persistent=False)
+        self.register_buffer("freqs_sin", freqs_sin, persistent=False)
+
+    def forward(self, tokens):
+        """Logits (B, T, vocab_size) of the next token at every position."""
+        T = tokens.shape[1]
+        h = self.dropout(self.tok_embeddings(tokens))
+        for layer in self.layers:
+            h = layer(h, self.freqs_cos[:T], self.freqs_sin[:T])
+        return self.output(self.norm(h))
+
+
 # --------------------------------------------------------------------------- loading
-MODULES = {"GPT": GPT, "Seq2SeqTransformer": Seq2SeqTransformer}
+MODULES = {"GPT": GPT, "Seq2SeqTransformer": Seq2SeqTransformer, "Llama": Llama}
 
 
 def load_exported(path):

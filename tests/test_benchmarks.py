@@ -53,10 +53,17 @@ def test_every_table_runs_and_the_frameworks_agree():
     lines = run_script("run.py", "--quick", "--skip-startup", "--threads", "1")
     assert any(line.strip().startswith("tinygrad_attn worker") for line in lines)
     for key, (label, shape, *_) in cases.KERNELS.items():
+        if key in cases.LLAMA_KERNELS:
+            continue  # the llama table's, below
         for mode in (" fwd", " fwd+bwd"):
             cells = row([line for line in lines if f" {shape} " in line], label + mode)
             assert float(cells[1]) > 0 and float(cells[3]) > 0  # ours ms, numpy ms (after the shape)
             assert_agree(cells[-1], "checked" if key == "dropout" else "number")
+    for label, shape, *_ in cases.LLAMA_KERNELS.values():  # ours against PyTorch's F.rms_norm, llama2.c's rotary
+        for mode in (" fwd", " fwd+bwd"):
+            cells = row(lines, f"{label} {shape}{mode}")
+            assert float(cells[0]) > 0
+            assert_agree(cells[-1], "number" if HAVE_TORCH else "-")
     with_torch = "number" if HAVE_TORCH else "-"
     for label, agree in [("dropout 0.0", with_torch), ("dropout 0.1", "compared" if HAVE_TORCH else "-"),
                          *((label, with_torch) for label in cases.WORKLOADS.values()),

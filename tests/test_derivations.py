@@ -1060,3 +1060,142 @@ def test_every_section_names_its_tests_and_every_test_is_named():
     meta = {name for name in here if name.startswith(("test_every", "test_each", "test_the_readable"))}
     assert named <= here, sorted(named - here)
     assert here - meta <= named, sorted(here - meta - named)
+
+
+# 15. RMSNorm ------------------------------------------------------------------
+
+def test_rms_norm_gradients():
+    """G_x = (g - xhat mean(g xhat)) / r, G_gamma = sum_rows G_y xhat; the Jacobian
+    d xhat_j / d x_k = (delta_jk - xhat_j xhat_k / d) / r."""
+    x, gamma, G = rng.normal(size=(3, 5)), rng.normal(size=5), rng.normal(size=(3, 5))
+    Gx, Gg = nb.rms_norm_backward(x, gamma, G, eps=1e-5)
+    L = lambda: np.sum(G * nb.rms_norm_forward(x, gamma, eps=1e-5))
+    close(Gx, numerical_grad(L, x))
+    close(Gg, numerical_grad(L, gamma))
+    close([Gx, Gg], tg_grads(lambda a, w: F.rms_norm(a, 5, w, eps=1e-5), x, gamma, G))
+    row, d, eps = x[0].copy(), 5, 1e-5
+    r = np.sqrt((row ** 2).mean() + eps)
+    xhat = row / r
+    J = (np.eye(d) - np.outer(xhat, xhat) / d) / r
+    close(J, np.stack([numerical_grad(lambda j=j: nb.rms_norm_forward(row, 1.0, eps=eps)[j], row) for j in range(d)]))
+    g = G[0] * gamma
+    layer_norm_like = (g - g.mean() - xhat * (g * xhat).mean()) / r  # section 7's formula, with the mean term
+    assert np.abs(Gx[0] - layer_norm_like).max() > 1e-3
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5, 0.5])
+def test_rms_norm_input_gradient_is_not_orthogonal_to_ones_but_to_xhat_without_eps(eps):
+    """sum_j G_x[j] != 0 (no mean removed); G_x . xhat = eps (g . xhat) / r^3."""
+    x, gamma, G = rng.normal(size=(4, 6)) * 0.7 + 0.3, rng.normal(size=6), rng.normal(size=(4, 6))
+    Gx, _ = nb.rms_norm_backward(x, gamma, G, eps=eps)
+    close(Gx, numerical_grad(lambda: np.sum(G * nb.rms_norm_forward(x, gamma, eps=eps)), x), 1e-6)
+    m = (x ** 2).mean(-1)
+    r = np.sqrt(m + eps)
+    xhat = x / r[:, None]
+    g = G * gamma
+    assert np.abs(Gx.sum(-1)).min() > 1e-3                      # a shift of the row changes the loss
+    close((xhat ** 2).sum(-1), 6 * m / (m + eps), 1e-12)
+    close((Gx * xhat).sum(-1), eps * (g * xhat).sum(-1) / r ** 3, 1e-9)
+
+
+# 16. Rotary position embeddings ---------------------------------------------------
+
+def _rotary_tables(T, d_h, base=10000.0):
+    angles = np.outer(np.arange(T), base ** (-np.arange(0, d_h, 2) / d_h))  # theta = t f_i
+    return np.cos(angles), np.sin(angles)
+
+
+def test_rotary_backward_is_the_inverse_rotation():
+    """G_x = R_t^T G_y = R_{-t} G_y; |G_x| = |G_y| per row; R_t^T R_t = I."""
+    T, H, d_h = 5, 2, 6
+    cos, sin = _rotary_tables(T, d_h)
+    x, G = rng.normal(size=(2, T, H, d_h)), rng.normal(size=(2, T, H, d_h))
+    Gx = nb.rotary_forward(G, cos, -sin)  # the rotation by minus the angles
+    close(Gx, numerical_grad(lambda: np.sum(G * nb.rotary_forward(x, cos, sin)), x))
+    close(Gx, nb.rotary_backward(x, cos, sin, G)[0], 1e-12)
+    close(Gx, tg_grads(lambda a: F.apply_rotary_emb(a, cos, sin), x, G)[0], 1e-12)
+    close(np.linalg.norm(Gx, axis=-1), np.linalg.norm(G, axis=-1), 1e-12)
+    t = 3  # the matrix of one position: orthogonal, its transpose the rotation by -theta
+    R = np.stack([nb.rotary_forward(e.reshape(1, 1, d_h), cos[t:t + 1], sin[t:t + 1]).reshape(d_h)
+                  for e in np.eye(d_h)], axis=1)
+    close(R.T @ R, np.eye(d_h), 1e-12)
+    R_back = np.stack([nb.rotary_forward(e.reshape(1, 1, d_h), cos[t:t + 1], -sin[t:t + 1]).reshape(d_h)
+                       for e in np.eye(d_h)], axis=1)
+    close(R.T, R_back, 1e-12)
+
+
+def test_rotary_scores_depend_on_relative_position_only():
+    """(R_t q) . (R_s k) = q^T R_{s-t} k: equal for equal s - t; and the score's gradient
+    in q is R_t^T (R_s k)."""
+    T, d_h = 12, 8
+    cos, sin = _rotary_tables(T, d_h)
+    q, k = rng.normal(size=d_h), rng.normal(size=d_h)
+
+    def rot(v, t):
+        return nb.rotary_forward(v.reshape(1, 1, d_h), cos[t:t + 1], sin[t:t + 1]).reshape(d_h)
+
+    def score(t, s):
+        return rot(q, t) @ rot(k, s)
+    for delta in (-3, 0, 2, 5):
+        pairs = [(t, t + delta) for t in range(T) if 0 <= t + delta < T]
+        close(np.array([score(t, s) for t, s in pairs]), np.full(len(pairs), score(*pairs[0])), 1e-12)
+    assert abs(score(0, 2) - score(0, 5)) > 1e-3
+    t, s = 4, 9
+    Gq = nb.rotary_forward(rot(k, s).reshape(1, 1, d_h), cos[t:t + 1], -sin[t:t + 1]).reshape(d_h)  # R_t^T R_s k
+    close(Gq, numerical_grad(lambda: rot(q, t) @ rot(k, s), q))
+
+
+# 17. SwiGLU ------------------------------------------------------------------
+
+def test_swiglu_gradients():
+    """y = (silu(x W1^T) * x W3^T) W2^T: the document's seven gradients, against
+    finite differences and the framework's FeedForward."""
+    from tinygrad_attn.models import FeedForward
+    n, d, hidden = 4, 5, 6
+    x, W1, W2, W3 = rng.normal(size=(n, d)), rng.normal(size=(hidden, d)), rng.normal(size=(d, hidden)), \
+        rng.normal(size=(hidden, d))
+    G = rng.normal(size=(n, d))
+    sig = lambda z: 1 / (1 + np.exp(-z))
+
+    def forward():
+        a, b = x @ W1.T, x @ W3.T
+        return (a * sig(a) * b) @ W2.T
+    a, b = x @ W1.T, x @ W3.T
+    silu, dsilu = a * sig(a), sig(a) * (1 + a * (1 - sig(a)))
+    h = silu * b
+    Gh = G @ W2
+    Gb, Ga = Gh * silu, Gh * b * dsilu
+    grads = dict(x=Ga @ W1 + Gb @ W3, W1=Ga.T @ x, W2=G.T @ h, W3=Gb.T @ x)
+    L = lambda: np.sum(G * forward())
+    for name, array in (("x", x), ("W1", W1), ("W2", W2), ("W3", W3)):
+        close(grads[name], numerical_grad(L, array))
+    ff = FeedForward(d, hidden, 1, 0.0).double()
+    for layer, W in ((ff.w1, W1), (ff.w2, W2), (ff.w3, W3)):
+        layer.weight.data[:] = W
+    xt = tg.Tensor(x.copy(), requires_grad=True)
+    (ff(xt) * tg.Tensor(G)).sum().backward()
+    close([xt.grad.data, ff.w1.weight.grad.data, ff.w2.weight.grad.data, ff.w3.weight.grad.data],
+          [grads["x"], grads["W1"], grads["W2"], grads["W3"]])
+
+
+# 18. Grouped-query attention --------------------------------------------------
+
+def test_gqa_key_value_gradients_sum_over_the_group():
+    """With K, V repeated for their g query heads, G_K_j and G_V_j are the sums of
+    the per-query-head gradients over the group (section 5's formulas per head)."""
+    B, n_h, n_kv, T, d_h = 2, 6, 2, 4, 3
+    g = n_h // n_kv
+    Q, K, V = rng.normal(size=(B, n_h, T, d_h)), rng.normal(size=(B, n_kv, T, d_h)), rng.normal(size=(B, n_kv, T, d_h))
+    G = rng.normal(size=(B, n_h, T, d_h))
+    K_rep, V_rep = np.repeat(K, g, axis=1), np.repeat(V, g, axis=1)  # head h reads kv head h // g
+    GQ, GK_rep, GV_rep = nb.attention_backward(Q, K_rep, V_rep, G, is_causal=True)[:3]
+    GK = GK_rep.reshape(B, n_kv, g, T, d_h).sum(axis=2)
+    GV = GV_rep.reshape(B, n_kv, g, T, d_h).sum(axis=2)
+
+    def L():
+        return np.sum(G * nb.attention_forward(Q, np.repeat(K, g, axis=1), np.repeat(V, g, axis=1), is_causal=True)[0])
+    close(GK, numerical_grad(L, K))
+    close(GV, numerical_grad(L, V))
+    close([GQ, GK, GV], tg_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                 enable_gqa=True), Q, K, V, G))
+    assert np.abs(GK - GK_rep[:, ::g]).max() > 1e-3  # one head's gradient alone is not the shared head's

@@ -951,3 +951,13 @@ def test_layer_norm_of_a_row_whose_variance_overflows_is_normalised_not_the_bias
 def test_bad_arguments_get_a_message_naming_the_argument(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_plain_python_gemm_overwrites_c_when_beta_is_zero():
+    """The body NUMBA_DISABLE_JIT runs: C's old contents (fresh memory may hold
+    NaN) must not leak into C = A B, as in BLAS and the compiled loops."""
+    from tinygrad_attn.kernels import blas
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(12.0).reshape(3, 4)
+    c = np.full(8, np.nan)
+    blas.gemm(None, False, False, 2, 4, 3, 1.0, a.reshape(-1), 3, b.reshape(-1), 4, 0.0, c, 4)
+    np.testing.assert_array_equal(c.reshape(2, 4), a @ b)

@@ -26,7 +26,8 @@ from . import references as ref
 from .strategies import arrays, attention_inputs, packed_attention_inputs, shapes
 
 FUSED_OPS = ("LinearOp", "Softmax", "LogSoftmax", "LayerNormOp", "CrossEntropy", "DropoutOp",
-             "ScaledDotProductAttention", "AttentionWeights", "PackedSelfAttention", "Gelu")
+             "ScaledDotProductAttention", "AttentionWeights", "PackedSelfAttention", "Gelu", "RMSNormOp",
+             "RotaryOp")
 
 
 def backward_of(fn, arrays, seed):
@@ -240,4 +241,26 @@ def test_every_fused_op_points_to_its_numpy_twin():
     assert {f.__name__ for f in public if f.__name__.endswith("_backward")} == {
         "linear_backward", "softmax_backward", "log_softmax_backward", "layer_norm_backward",
         "cross_entropy_backward", "dropout_backward", "attention_backward", "packed_self_attention_backward",
-        "gelu_backward", "embedding_backward"}
+        "gelu_backward", "embedding_backward", "rms_norm_backward", "rotary_backward"}
+
+
+@given(shape=shapes(min_dims=1), data=st.data(), seed=seeds)
+def test_rms_norm_backward(shape, data, seed):
+    k = data.draw(st.integers(1, len(shape)))
+    eps = data.draw(st.sampled_from([1e-6, 0.1]))
+    norm_shape = shape[len(shape) - k:]
+    x, w = data.draw(arrays(shape)), data.draw(arrays(norm_shape))
+    out, grad, fused = backward_of(lambda x, w: F.rms_norm(x, norm_shape, w, eps=eps), (x, w), seed)
+    np.testing.assert_allclose(nb.rms_norm_forward(x, w, k, eps), out, rtol=1e-12, atol=1e-12)
+    assert_close(nb.rms_norm_backward(x, w, grad, k, eps), fused)
+
+
+@given(lead=shapes(min_dims=0, max_dims=2, max_side=3), sizes=st.tuples(*(st.integers(1, 4),) * 3),
+       data=st.data(), seed=seeds)
+def test_rotary_backward(lead, sizes, data, seed):
+    T, H, half = sizes
+    x = data.draw(arrays(lead + (T, H, 2 * half)))
+    cos, sin = data.draw(arrays((T, half))), data.draw(arrays((T, half)))
+    out, grad, fused = backward_of(F.apply_rotary_emb, (x, cos, sin), seed)
+    np.testing.assert_allclose(nb.rotary_forward(x, cos, sin), out, rtol=1e-12, atol=1e-12)
+    assert_close(nb.rotary_backward(x, cos, sin, grad), fused)

@@ -351,6 +351,28 @@ def _np_logsumexp(a, axis=None, keepdims=False):
     return logsumexp(a, axis=axis, keepdims=keepdims)
 
 
+@st.composite
+def rms_norm_case(draw):
+    shape = draw(shapes(min_dims=1))
+    k = draw(st.integers(1, len(shape)))
+    eps = draw(st.sampled_from([1e-5, 0.1]))
+    norm_shape = shape[len(shape) - k:]
+    x, w = draw(arrays(shape)), draw(arrays(norm_shape))
+    return Case(lambda x, w: F.rms_norm(x, norm_shape, w, eps=eps),
+                lambda x, w: nb.rms_norm_forward(x, w, k, eps), (x, w))
+
+
+@st.composite
+def rotary_case(draw):
+    """x (..., T, H, hd) with any leading axes; the tables (T, hd/2) broadcast
+    over them and the heads, and are differentiated too."""
+    lead = draw(shapes(min_dims=0, max_dims=2, max_side=3))
+    T, H, half = draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    x = draw(arrays(lead + (T, H, 2 * half)))
+    cos, sin = draw(arrays((T, half))), draw(arrays((T, half)))
+    return Case(F.apply_rotary_emb, nb.rotary_forward, (x, cos, sin))
+
+
 CASES = {
     "Add": [binary(lambda a, b: a + b, np.add), unary(lambda t: 2.5 + t, lambda a: 2.5 + a)],
     "Sub": [binary(lambda a, b: a - b, np.subtract), unary(lambda t: 1 - t, lambda a: 1 - a)],
@@ -398,6 +420,8 @@ CASES = {
     "ScaledDotProductAttention": [attention_case()],
     "AttentionWeights": [attention_weights_case()],
     "PackedSelfAttention": [packed_self_attention_case()],
+    "RMSNormOp": [rms_norm_case()],
+    "RotaryOp": [rotary_case()],
 }
 
 CASE_IDS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]

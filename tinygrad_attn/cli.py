@@ -25,7 +25,7 @@ import numpy as np
 
 from .checkpoint import CheckpointError
 from .nn import StateDictError
-from .train.config import GELUS, SCHEDULES, TASK_DEFAULTS, TASKS, ConfigError, TrainConfig
+from .train.config import ARCHS, GELUS, SCHEDULES, TASK_DEFAULTS, TASKS, ConfigError, TrainConfig
 
 # Errors that mean "the user asked for something that cannot be done": reported in one line.
 # (OSError: a missing file, a directory where a file should be, no permission to write --out...)
@@ -97,9 +97,17 @@ def _add_train_options(p):
     model.add_argument("--heads", type=_positive_int, metavar="N",
                        help=f"attention heads; must divide --d-model (default: {d('heads')})")
     model.add_argument("--ffn", type=_positive_int, metavar="N",
-                       help=f"hidden width of the feed-forward layers (default: {d('ffn')})")
+                       help=f"hidden width of the feed-forward layers (default: {d('ffn')}; --arch llama: "
+                            "llama2.c's SwiGLU rule, 2/3 of 4 d_model rounded up to a multiple of 32)")
     model.add_argument("--dropout", type=_non_negative_float, default=0.0, metavar="P",
                        help="dropout probability (default: 0)")
+    model.add_argument("--arch", choices=ARCHS, default=None,
+                       help="charlm: the model, gpt (nanoGPT's GPT-2: LayerNorm, learned positions, GELU) "
+                            "or llama (llama2.c's Llama 2: RMSNorm, rotary positions, SwiGLU, "
+                            "grouped-query attention, no biases) (default: gpt)")
+    model.add_argument("--kv-heads", type=_positive_int, metavar="N",
+                       help="--arch llama: key/value heads, each shared by heads / N query heads; must "
+                            "divide --heads (default: heads // 2, or heads if odd)")
     model.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                        help="charlm: biases in the GPT's Linear and LayerNorm layers; nanoGPT trains "
                             "with --no-bias (default: --bias)")
@@ -236,16 +244,19 @@ def build_parser(prog="tinygrad-attn"):
                         help="without --input: how many held-out sequences to decode (default: 5)")
 
     export = commands.add_parser(
-        "export", help="write a run's model for another framework (PyTorch)",
+        "export", help="write a run's model for another framework (PyTorch, llama2.c)",
         description="Write the trained model as a safetensors state dict with PyTorch's "
                     "parameter names, loadable with strict=True into the modules of "
-                    "examples/torch_models.py (GPT: nanoGPT's layout; seq2seq: around "
-                    "torch.nn.Transformer). The file's metadata holds the module and its config.")
+                    "examples/torch_models.py (GPT: nanoGPT's layout; Llama: llama2.c's; seq2seq: "
+                    "around torch.nn.Transformer); the file's metadata holds the module and its config. "
+                    "--to llama2c writes a Llama run as the model and tokenizer files of llama2.c's run.c.")
     export.add_argument("checkpoint", metavar="CHECKPOINT",
                         help="checkpoint file, or the run's output directory")
-    export.add_argument("--to", choices=("torch",), default="torch",
-                        help="the target framework (default: torch, the only one for now)")
-    export.add_argument("output", metavar="OUTPUT", help="the .safetensors file to write")
+    export.add_argument("--to", choices=("torch", "llama2c"), default="torch",
+                        help="the target: torch (a safetensors state dict) or llama2c (an --arch llama "
+                             "charlm run as llama2.c's run.c reads it: OUTPUT and, beside it, "
+                             "OUTPUT's name + .tokenizer.bin) (default: torch)")
+    export.add_argument("output", metavar="OUTPUT", help="the file to write (.safetensors; llama2c: .bin)")
     export.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     parser.commands["export"] = export
 
@@ -278,8 +289,12 @@ def _describe(trainer):
         options = ""
     else:
         task = f"task charlm: {c.text} ({trainer.job.data.vocab_size} characters), context {c.seq_len}"
-        shape = f"GPT {c.layers} blocks"
-        options = f", {'bias' if c.bias else 'no bias'}, {c.gelu} GELU"
+        if c.arch == "llama":
+            shape = f"Llama {c.layers} blocks"
+            options = f", {c.kv_heads} key/value heads, RMSNorm, rotary, SwiGLU"
+        else:
+            shape = f"GPT {c.layers} blocks"
+            options = f", {'bias' if c.bias else 'no bias'}, {c.gelu} GELU"
     decay = f"weight decay {c.weight_decay:g}{' (embeddings too)' if c.decay_embeddings else ''}"
     return [task,
             f"model: {shape}, d_model {c.d_model}, {c.heads} heads, ffn {c.ffn}, dropout {c.dropout}"
@@ -365,7 +380,8 @@ def _load_run(path, kind, command):
         model, meta = load_run(path)
     except USER_ERRORS as e:
         raise _Fail(e) from None
-    if type(model).__name__ != kind:
+    kinds = ("GPT", "Llama") if kind == "GPT" else (kind,)  # GPT: a charlm model, either architecture
+    if type(model).__name__ not in kinds:
         other = "decode" if kind == "GPT" else "sample"
         raise _Fail(f"{command} needs a {'charlm' if kind == 'GPT' else 'copy/reverse/sort'} "
                     f"checkpoint; {path} holds a {type(model).__name__} (use `{other}`)")
@@ -437,6 +453,15 @@ def _cmd_decode(args):
 
 def _cmd_export(args):
     from .train.run import export_torch
+    if args.to == "llama2c":
+        from .llama2c import export_run
+        try:
+            model, tokenizer = export_run(args.checkpoint, args.output, overwrite=args.overwrite)
+        except (*USER_ERRORS, TypeError) as e:
+            raise _Fail(e) from None
+        _say(f"wrote {model} and {tokenizer}: in llama2.c, ./run {model} -z {tokenizer} -t 0 "
+             "(generation starts at a newline, llama2.c's BOS, and ends at the next)")
+        return 0
     try:
         path = export_torch(args.checkpoint, args.output, overwrite=args.overwrite)
     except USER_ERRORS as e:

@@ -1,8 +1,8 @@
 """Functions on tensors with PyTorch's names and signatures (torch.nn.functional).
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
-(linear, softmax, log_softmax, layer_norm, cross_entropy, attention,
-dropout, gelu) call fused ops backed by Numba kernels. Their reference
+(linear, softmax, log_softmax, layer_norm, rms_norm, apply_rotary_emb,
+cross_entropy, attention, dropout, gelu) call fused ops backed by Numba kernels. Their reference
 versions, written step by step with primitive ops, are in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
 the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
@@ -22,6 +22,8 @@ from .ops.dropout import DropoutOp
 from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
 from .ops.layer_norm import LayerNormOp
+from .ops.rms_norm import RMSNormOp
+from .ops.rotary import RotaryOp
 from .ops.softmax import LogSoftmax, Softmax
 from .reference import composites as R
 from .reference import is_reference_ops_enabled as _reference_ops
@@ -298,3 +300,54 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
     return (out, Tensor(ctx.weights)) if need_weights else out
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape)
+    axes (one fused kernel; Llama's normalization: LayerNorm without the mean).
+
+    eps=None is PyTorch's rule: the machine epsilon of the input's dtype
+    (torch.finfo(input.dtype).eps: 1.2e-7 in float32, 2.2e-16 in float64).
+    Llama's models pass their own (llama2.c: norm_eps = 1e-5)."""
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or input.shape[input.ndim - k:] != normalized_shape:
+        raise ShapeError(f"rms_norm: input of shape {input.shape} does not end with "
+                         f"normalized_shape {normalized_shape}")
+    dtype = input.dtype if input.dtype.kind == "f" else np.dtype(np.float32)
+    eps = float(np.finfo(dtype).eps) if eps is None else eps
+    if _reference_ops():
+        return R.rms_norm(input, normalized_shape, weight, eps)
+    weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
+    return RMSNormOp.apply(input, weight, normalized_ndim=k, eps=eps)
+
+
+def silu(input, inplace=False):
+    """x * sigmoid(x), elementwise (the Swish of SwiGLU). inplace=True is not
+    implemented. Composed of two ops (Sigmoid, Mul):
+
+        d silu / dx = s + x s (1 - s),   s = sigmoid(x)"""
+    _no_inplace("silu", inplace)
+    return input * input.sigmoid()
+
+
+def apply_rotary_emb(x, freqs_cos, freqs_sin):
+    """Rotary position embedding (RoPE), llama2.c's `apply_rotary_emb` for one tensor.
+
+    x: (..., T, n_heads, head_dim), positions on axis -3 as llama2.c's
+    (batch, T, heads, head_dim); freqs_cos, freqs_sin: (T, head_dim // 2),
+    the tables of `nn.precompute_freqs_cis` for these T positions (slice
+    them, e.g. [start:start + T], for positions that do not start at 0).
+    Each pair (x[2i], x[2i+1]) of every head vector at position t turns by
+    the angle t * f_i (llama2.c's pairing, that of its complex numbers
+    x[2i] + j x[2i+1]; Hugging Face pairs (i, i + head_dim/2) instead, so its
+    weights need their q, k rows permuted). One fused kernel; the backward
+    is the inverse rotation (by -t * f_i).
+
+    Applied to queries and keys, the score q_t . k_s then depends on the
+    positions only through t - s: R_t^T R_s = R_{s-t}.
+    """
+    cos, sin = (f if isinstance(f, Tensor) else Tensor(np.asarray(f)) for f in (freqs_cos, freqs_sin))
+    if _reference_ops():
+        return R.apply_rotary_emb(x, cos, sin)
+    return RotaryOp.apply(x, cos, sin)

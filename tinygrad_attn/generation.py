@@ -1,5 +1,5 @@
-"""Incremental decoding with a key/value cache, for `GPT.generate` and
-`Seq2SeqTransformer.greedy_decode`.
+"""Incremental decoding with a key/value cache, for `GPT.generate`,
+`Llama.generate` and `Seq2SeqTransformer.greedy_decode`.
 
 Without a cache, each new token runs the model on the whole prefix again,
 although the keys and values of the earlier positions have not changed
@@ -23,6 +23,11 @@ gradient, and at one position per step the work is so small that the cost
 of building Tensors and dispatching ops would dominate it. The result equals
 the full forward up to float rounding: tests/test_generation.py compares
 logits (float32 and float64) and the generated tokens.
+
+A Llama layer (`llama_step`) caches its keys already rotated by their
+positions, and the new positions' angles continue from the cache's length;
+it keeps only the n_kv_heads shared key/value heads, and the query heads of
+a group read their shared head in place.
 
 Shapes: B batch, P new positions in this call, S cached positions after it,
 E = d_model, H heads of hd features, V vocabulary. Inputs are batch first,
@@ -211,3 +216,68 @@ def seq2seq_step(model, ids, caches, memory_kvs, memory_padding):
     if decoder.norm is not None:
         x = _layer_norm(decoder.norm, x)  # (B, E)
     return _linear(model.generator, x)  # (B, V)
+
+
+# --------------------------------------------------------------------------- Llama
+def llama_caches(model, batch, max_len):
+    """One empty KVCache per Llama layer, holding only its n_kv_heads shared
+    key/value heads: smaller than a full-heads cache by n_heads / n_kv_heads."""
+    return [KVCache(batch, layer.attention.n_kv_heads, max_len, layer.attention.head_dim,
+                    model.tok_embeddings.weight.dtype) for layer in model.layers]
+
+
+def _rms_norm(norm, x):
+    """An RMSNorm module over the last axis: x / sqrt(mean(x^2) + eps) * weight
+    (eps None: the dtype's machine epsilon, PyTorch's rule)."""
+    eps = np.finfo(x.dtype).eps if norm.eps is None else norm.eps
+    y = x / np.sqrt((x * x).sum(axis=-1, keepdims=True) / x.shape[-1] + eps)  # (..., E)
+    return y if norm.weight is None else y * norm.weight.data
+
+
+def _rotate(x, cos, sin):
+    """Each pair (x[2i], x[2i+1]) of x (B, P, heads, hd) turned by the angles of the
+    positions, cos and sin (P, hd/2) (functional.apply_rotary_emb)."""
+    a, b = x[..., 0::2], x[..., 1::2]  # (B, P, heads, hd/2)
+    c, s = cos[:, None, :], sin[:, None, :]  # (P, 1, hd/2): the same angles for every head
+    y = np.empty_like(x)
+    y[..., 0::2], y[..., 1::2] = a * c - b * s, a * s + b * c
+    return y
+
+
+def cached_llama_attention(attn, x, cache, cos, sin):
+    """`attn(x, cos, sin)` (a LlamaAttention) for the P new positions x (B, P, dim) that
+    follow the cache's `length` earlier ones, cos and sin (P, hd/2) the rotary tables
+    of their positions; appends their rotated keys and their values.
+
+    The g = n_heads / n_kv_heads query heads that share a key/value head are
+    stacked along the query axis, (B, n_kv, g * P, hd), so each attends to the
+    one cached head as it is: no copy of the shared keys and values."""
+    start, (B, P, _) = cache.length, x.shape
+    H, Hkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    g = H // Hkv
+    q = _rotate((x @ attn.wq.weight.data.T).reshape(B, P, H, hd), cos, sin)  # (B, P, H, hd)
+    k = _rotate((x @ attn.wk.weight.data.T).reshape(B, P, Hkv, hd), cos, sin)  # (B, P, Hkv, hd)
+    v = (x @ attn.wv.weight.data.T).reshape(B, P, Hkv, hd)  # (B, P, Hkv, hd)
+    keys, values = cache.append(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))  # (B, Hkv, S, hd) each
+    q = q.transpose(0, 2, 1, 3).reshape(B, Hkv, g * P, hd)  # query head h = kv head h // g, row j * P + p
+    future = np.arange(start + P) > start + np.arange(P)[:, None] if P > 1 else None  # (P, S)
+    z = _attend(q, keys, values, None if future is None else np.tile(future, (g, 1)))  # (B, Hkv, g*P, hd)
+    return _merge_heads(z.reshape(B, H, P, hd)) @ attn.wo.weight.data.T  # (B, P, dim)
+
+
+def llama_step(model, ids, caches):
+    """Logits (B, V) of the id after `ids` (B, P) of a `Llama`, the ids at positions
+    caches[0].length .. + P - 1: their rotary angles continue from the cache.
+    Appends their keys and values."""
+    start, P = caches[0].length, ids.shape[1]
+    cos, sin = model.freqs_cos.data[start:start + P], model.freqs_sin.data[start:start + P]  # (P, hd/2)
+    x = model.tok_embeddings.weight.data[ids]  # (B, P, dim)
+    for layer, cache in zip(model.layers, caches):
+        x = x + cached_llama_attention(layer.attention, _rms_norm(layer.attention_norm, x), cache, cos, sin)
+        ff = layer.feed_forward
+        h = _rms_norm(layer.ffn_norm, x)  # (B, P, dim)
+        gate = h @ ff.w1.weight.data.T  # (B, P, hidden)
+        gate = gate / (1 + np.exp(-gate))  # silu
+        x = x + (gate * (h @ ff.w3.weight.data.T)) @ ff.w2.weight.data.T  # (B, P, dim)
+    x = _rms_norm(model.norm, x[:, -1])  # (B, dim): only the last position predicts the next id
+    return x @ model.output.weight.data.T  # (B, V)

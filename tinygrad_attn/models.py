@@ -1,10 +1,13 @@
-"""Two ready-made Transformers built from `tinygrad_attn.nn`.
+"""Ready-made Transformers built from `tinygrad_attn.nn`.
 
 - `Seq2SeqTransformer`: the encoder-decoder model of "Attention Is All You
   Need" for the built-in copy / reverse / sort tasks, with batched greedy
   decoding.
 - `GPT`: a decoder-only language model (GPT-2 / nanoGPT layout) for
   character-level text, with sampling (temperature, top-k).
+- `Llama`: today's small decoder (llama2.c's Llama 2: RMSNorm, rotary
+  positions, grouped-query attention, SwiGLU), whose state dict is
+  llama2.c's, with the same sampling.
 
 Each model is described by a small config dataclass that turns into a JSON
 string and back, so a checkpoint can rebuild its model:
@@ -258,7 +261,80 @@ def gelu_tanh(x):
 GELU_KINDS = {"exact": "gelu", "tanh": gelu_tanh}
 
 
-class GPT(nn.Module):
+class _Sampling:
+    """`generate` for the decoder-only language models (GPT, Llama). A model
+    gives _context_size() (its block size), _new_caches(batch, length) and
+    _cached_step(ids, caches) (tinygrad_attn.generation)."""
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
+        """Continue each row of `idx` (B, T) or (T,) by `max_new_tokens` ids.
+
+        Each new id is drawn from softmax(logits / temperature) of the last
+        position, keeping only the `top_k` most likely ids when given;
+        temperature=0 picks the most likely id (greedy). Draws from
+        `generator` (a numpy Generator), by default the framework's
+        (`tg.manual_seed`). Returns the ids with the continuation appended
+        (int64 array).
+
+        The context window: the model sees the ids from a window start on,
+        at positions 0, 1, ...; it begins as the last block_size ids of the
+        prompt (a Llama's max_seq_len), and when it would grow past
+        block_size ids it restarts from its last `context_keep()` ids
+        (block_size // 2). nanoGPT (and llama2.c's generate) instead
+        crops to the last block_size ids at every step; with learned
+        absolute positions that moves every id to a new position at every
+        step once the window is full, so no cached key or value would stay
+        valid. With this rule a window grows one position per step, and
+        `use_cache=True` (our keyword; the default) runs it incrementally:
+        a restarted window is encoded in one batched pass that fills a
+        key/value cache per layer, then each step feeds only the new id
+        (`tinygrad_attn.generation`). `use_cache=False` runs the whole
+        window through `forward` at every step under the same rule: the same
+        ids from the same draws (the logits agree to float rounding), slower.
+        """
+        idx = _as_ids(idx, f"{type(self).__name__}.generate")
+        single = idx.ndim == 1
+        if single:
+            idx = idx[None]
+        if idx.ndim != 2 or idx.shape[1] == 0:
+            raise ShapeError(f"{type(self).__name__}.generate: expected a non-empty prompt (B, T) or (T,), "
+                             f"got {idx.shape}")
+        _check_ids(idx, self.config.vocab_size, f"{type(self).__name__}.generate")
+        if not temperature >= 0:
+            raise ValueError(f"{type(self).__name__}.generate: temperature must be >= 0, got {temperature}")
+        if top_k is not None and not 1 <= top_k:
+            raise ValueError(f"{type(self).__name__}.generate: top_k must be a positive integer, got {top_k}")
+        rng = get_generator() if generator is None else generator
+        block, keep = self._context_size(), self.context_keep()
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
+                caches = None  # key/value caches of the window, made when it (re)starts
+                for _ in range(max_new_tokens):
+                    if idx.shape[1] - start > block:  # full: restart from its last `keep` ids
+                        start, caches = idx.shape[1] - keep, None
+                    if not use_cache:
+                        logits = self(idx[:, start:]).data[:, -1]
+                    elif caches is None:  # a new window: encode it in one pass, filling the caches
+                        caches = self._new_caches(len(idx), block)
+                        logits = self._cached_step(idx[:, start:], caches)
+                    else:  # one new position
+                        logits = self._cached_step(idx[:, -1:], caches)
+                    nxt = _sample(logits.astype(np.float64), temperature, top_k, rng)
+                    idx = np.concatenate([idx, nxt[:, None]], axis=1)
+        finally:
+            self.train(was_training)
+        return idx[0] if single else idx
+
+    def context_keep(self):
+        """How many ids a full context window keeps when it restarts (see
+        `generate`): half the context size (block_size // 2), at least 1."""
+        return max(1, self._context_size() // 2)
+
+
+class GPT(_Sampling, nn.Module):
     """A decoder-only Transformer language model (GPT-2's layout):
 
         x = E_tok[idx] + E_pos[0..T-1]                    (dropout)
@@ -317,71 +393,14 @@ class GPT(nn.Module):
         x = self.transformer(self.pos_emb(self.tok_emb(idx)), mask=causal, is_causal=True)
         return self.lm_head(x)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
-        """Continue each row of `idx` (B, T) or (T,) by `max_new_tokens` ids.
+    def _context_size(self):
+        return self.config.block_size
 
-        Each new id is drawn from softmax(logits / temperature) of the last
-        position, keeping only the `top_k` most likely ids when given;
-        temperature=0 picks the most likely id (greedy). Draws from
-        `generator` (a numpy Generator), by default the framework's
-        (`tg.manual_seed`). Returns the ids with the continuation appended
-        (int64 array).
+    def _new_caches(self, batch, length):
+        return generation.caches_for(self.transformer.layers, batch, length, self.tok_emb.weight.dtype)
 
-        The context window: the model sees the ids from a window start on,
-        at positions 0, 1, ...; it begins as the last block_size ids of the
-        prompt, and when it would grow past block_size ids it restarts from
-        its last `context_keep()` ids (block_size // 2). nanoGPT instead
-        crops to the last block_size ids at every step; with learned
-        absolute positions that moves every id to a new position at every
-        step once the window is full, so no cached key or value would stay
-        valid. With this rule a window grows one position per step, and
-        `use_cache=True` (our keyword; the default) runs it incrementally:
-        a restarted window is encoded in one batched pass that fills a
-        key/value cache per layer, then each step feeds only the new id
-        (`tinygrad_attn.generation`). `use_cache=False` runs the whole
-        window through `forward` at every step under the same rule: the same
-        ids from the same draws (the logits agree to float rounding), slower.
-        """
-        idx = _as_ids(idx, "GPT.generate")
-        single = idx.ndim == 1
-        if single:
-            idx = idx[None]
-        if idx.ndim != 2 or idx.shape[1] == 0:
-            raise ShapeError(f"GPT.generate: expected a non-empty prompt (B, T) or (T,), got {idx.shape}")
-        _check_ids(idx, self.config.vocab_size, "GPT.generate")
-        if not temperature >= 0:
-            raise ValueError(f"GPT.generate: temperature must be >= 0, got {temperature}")
-        if top_k is not None and not 1 <= top_k:
-            raise ValueError(f"GPT.generate: top_k must be a positive integer, got {top_k}")
-        rng = get_generator() if generator is None else generator
-        block, keep = self.config.block_size, self.context_keep()
-        was_training = self.training
-        self.eval()
-        try:
-            with no_grad():
-                start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
-                caches = None  # key/value caches of the window, made when it (re)starts
-                for _ in range(max_new_tokens):
-                    if idx.shape[1] - start > block:  # full: restart from its last `keep` ids
-                        start, caches = idx.shape[1] - keep, None
-                    if not use_cache:
-                        logits = self(idx[:, start:]).data[:, -1]
-                    elif caches is None:  # a new window: encode it in one pass, filling the caches
-                        caches = generation.caches_for(self.transformer.layers, len(idx), block,
-                                                       self.tok_emb.weight.dtype)
-                        logits = generation.gpt_step(self, idx[:, start:], caches)
-                    else:  # one new position
-                        logits = generation.gpt_step(self, idx[:, -1:], caches)
-                    nxt = _sample(logits.astype(np.float64), temperature, top_k, rng)
-                    idx = np.concatenate([idx, nxt[:, None]], axis=1)
-        finally:
-            self.train(was_training)
-        return idx[0] if single else idx
-
-    def context_keep(self):
-        """How many ids a full context window keeps when it restarts (see
-        `generate`): block_size // 2, at least 1."""
-        return max(1, self.config.block_size // 2)
+    def _cached_step(self, ids, caches):
+        return generation.gpt_step(self, ids, caches)
 
     def attention_layers(self):
         """(name, MultiHeadAttention) for each block's causal self-attention."""
@@ -403,3 +422,196 @@ def _sample(logits, temperature, top_k, rng):
     # Inverse-CDF sampling: one uniform number u in [0, 1) per row picks the first id with cdf > u.
     u = rng.random(len(cdf))[:, None]
     return (cdf <= u).sum(axis=-1)
+
+
+# --------------------------------------------------------------------------- Llama
+def llama_hidden_dim(dim, hidden_dim=None, multiple_of=256):
+    """The SwiGLU hidden size, llama2.c's rule: hidden_dim if given, else
+    4 * dim, then two thirds of it (int(2 * h / 3): three matrices instead of
+    two keep the parameter count of a 4 * dim MLP), rounded up to a multiple
+    of `multiple_of`."""
+    if hidden_dim is not None:
+        return hidden_dim
+    hidden_dim = int(2 * (4 * dim) / 3)
+    return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+
+
+@dataclass
+class LlamaConfig(_JSONConfig):
+    """Hyper-parameters of a `Llama`: the fields of llama2.c's ModelArgs, in
+    its order, so `ModelArgs(**asdict(config))` builds llama2.c's model.
+
+    n_kv_heads: key/value heads (None: n_heads), each shared by
+    n_heads / n_kv_heads query heads (grouped-query attention).
+    hidden_dim: the SwiGLU width (None: `llama_hidden_dim`'s rule with
+    multiple_of). norm_eps: the RMSNorms' eps. max_seq_len: the longest
+    context (the rotary tables' length). The defaults are nanoGPT's CPU
+    size; llama2.c's ModelArgs defaults are Llama 2 7B's (dim 4096, 32
+    layers and heads, vocabulary 32000, multiple_of 256, 2048 positions).
+    """
+
+    dim: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = None
+    vocab_size: int = 32000
+    hidden_dim: int = None
+    multiple_of: int = 32
+    norm_eps: float = 1e-5
+    max_seq_len: int = 64
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        if self.dim % self.n_heads or self.n_heads % kv or (self.dim // self.n_heads) % 2:
+            raise ValueError(f"LlamaConfig: n_heads {self.n_heads} must divide dim {self.dim} into heads of an "
+                             f"even size (rotary pairs), and n_kv_heads {kv} must divide n_heads")
+
+
+class LlamaAttention(nn.Module):
+    """Causal self-attention with rotary positions and grouped-query heads
+    (llama2.c's Attention): q = x Wq^T, k = x Wk^T, v = x Wv^T (no biases),
+    q and k rotated by their positions, n_kv_heads key/value heads each
+    shared by n_heads / n_kv_heads consecutive query heads, then Wo."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_heads if args.n_kv_heads is None else args.n_kv_heads
+        self.head_dim = args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.resid_dropout = nn.Dropout(args.dropout)
+        self.dropout = args.dropout
+        # as MultiheadAttention's: record_weights = True keeps the last forward's
+        # weights (B, n_heads, T, T) in last_attn_weights (the training heatmaps)
+        self.record_weights, self.last_attn_weights = False, None
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        """x (B, T, dim) and the rotary tables of positions 0..T-1 -> (B, T, dim)."""
+        B, T, _ = x.shape
+        q = self.wq(x).reshape(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).reshape(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).reshape(B, T, self.n_kv_heads, self.head_dim)
+        q, k = F.apply_rotary_emb(q, freqs_cos, freqs_sin), F.apply_rotary_emb(k, freqs_cos, freqs_sin)
+        q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))  # heads as a batch axis: (B, heads, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True, enable_gqa=True, need_weights=self.record_weights)
+        if self.record_weights:
+            y, weights = y
+            self.last_attn_weights = weights.data
+        y = y.permute(0, 2, 1, 3).reshape(B, T, self.n_heads * self.head_dim)  # the heads side by side
+        return self.resid_dropout(self.wo(y))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x), no biases (llama2.c's FeedForward);
+    the hidden width follows `llama_hidden_dim`."""
+
+    def __init__(self, dim, hidden_dim, multiple_of, dropout):
+        super().__init__()
+        hidden_dim = llama_hidden_dim(dim, hidden_dim, multiple_of)
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm Llama block: h = x + attention(RMSNorm(x)), out = h + feed_forward(RMSNorm(h))."""
+
+    def __init__(self, layer_id, args):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention = LlamaAttention(args)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim, args.multiple_of, args.dropout)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        h = x + self.attention(self.attention_norm(x), freqs_cos, freqs_sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(_Sampling, nn.Module):
+    """A Llama-2 language model with llama2.c's layout and parameter names:
+
+        x = E[tokens]                                           (dropout)
+        x = layers.{i}(x)   h = x + attention(attention_norm(x)),
+                            x = h + feed_forward(ffn_norm(h))
+        logits = output(norm(x))                                (B, T, vocab_size)
+
+    RMSNorm instead of LayerNorm, rotary positions in q and k instead of a
+    position table, grouped-query attention (`LlamaAttention`), a SwiGLU
+    feed-forward (`FeedForward`), no biases, and the output layer tied to
+    the token embedding. A state dict saved from llama2.c's model.py
+    (tok_embeddings, layers.{i}.attention.wq/wk/wv/wo,
+    layers.{i}.feed_forward.w1/w2/w3, attention_norm, ffn_norm, norm,
+    output) loads unchanged (tests/test_llama.py). Two departures, both
+    noted where they matter: llama2.c computes RMSNorm and the rotation in
+    float32 whatever the model's dtype (`x.float()`), this model in its
+    dtype (float64 stays float64); and llama2.c's forward without targets
+    returns the last position's logits only, this one every position's.
+
+    Initialisation is llama2.c's: every weight N(0, 0.02), and the
+    parameters named w3 and wo N(0, 0.02 / sqrt(2 n_layers)) (llama2.c
+    scales w3, the SwiGLU gate's partner, where GPT-2 would scale w2).
+    The rotary tables are non-persistent buffers freqs_cos, freqs_sin
+    (max_seq_len, head_dim // 2), as in llama2.c.
+
+    forward(tokens) with integer ids (B, T), T <= max_seq_len -> logits.
+    """
+
+    def __init__(self, params):
+        super().__init__()
+        self.config = self.params = c = params
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList([TransformerBlock(i, c) for i in range(c.n_layers)])
+        self.norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
+        self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self._init_weights()
+        self.output.weight = self.tok_embeddings.weight  # weight tying, as llama2.c
+        freqs_cos, freqs_sin = nn.precompute_freqs_cis(c.dim // c.n_heads, c.max_seq_len)
+        self.register_buffer("freqs_cos", freqs_cos, persistent=False)
+        self.register_buffer("freqs_sin", freqs_sin, persistent=False)
+
+    def _init_weights(self):
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("w3.weight") or name.endswith("wo.weight"):
+                nn.init.normal_(p, 0.0, residual_std)
+
+    def forward(self, tokens):
+        tokens = _as_ids(tokens, "Llama")
+        if tokens.ndim != 2 or not 1 <= tokens.shape[1] <= self.config.max_seq_len:
+            raise ShapeError(f"Llama: expected ids (B, T) with 1 <= T <= max_seq_len "
+                             f"{self.config.max_seq_len}, got {tokens.shape}")
+        _check_ids(tokens, self.config.vocab_size, "Llama")
+        T = tokens.shape[1]
+        h = self.dropout(self.tok_embeddings(tokens))
+        freqs_cos, freqs_sin = self.freqs_cos.data[:T], self.freqs_sin.data[:T]
+        for layer in self.layers:
+            h = layer(h, freqs_cos, freqs_sin)
+        return self.output(self.norm(h))
+
+    def _context_size(self):
+        return self.config.max_seq_len
+
+    def _new_caches(self, batch, length):
+        return generation.llama_caches(self, batch, length)
+
+    def _cached_step(self, ids, caches):
+        return generation.llama_step(self, ids, caches)
+
+    def attention_layers(self):
+        """(name, LlamaAttention) for each block's causal self-attention."""
+        return [(f"layers.{i}.attention", layer.attention) for i, layer in enumerate(self.layers)]

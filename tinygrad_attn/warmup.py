@@ -79,7 +79,19 @@ def training_steps(dtype=np.float32):
     table = rand(5, 4)  # an embedding's lookup: its backward is the scatter-add kernel
     (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()
      + table[np.array([[0, 3], [3, 1]])].sum()).backward()
+    llama_step(dtype)
     optimizer_step(dtype)
+
+
+def llama_step(dtype=np.float32):
+    """The kernels a Llama block adds to a GPT's: RMSNorm and the rotary
+    embedding, forward and backward."""
+    import tinygrad_attn as tg
+    from tinygrad_attn import functional as F
+    from tinygrad_attn import nn
+    x = tg.Tensor(np.random.default_rng(0).standard_normal((2, 3, 2, 4)).astype(dtype), requires_grad=True)
+    cos, sin = nn.precompute_freqs_cis(4, 3)
+    F.apply_rotary_emb(F.rms_norm(x, 4, x[0, 0, 0] * 0 + 1, eps=1e-5), cos, sin).sum().backward()
 
 
 def optimizer_step(dtype=np.float32):

@@ -230,7 +230,8 @@ def gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     op_a = matrix(a, k, m, lda).T if trans_a else matrix(a, m, k, lda)
     op_b = matrix(b, n, k, ldb).T if trans_b else matrix(b, k, n, ldb)
     out = matrix(c, m, n, ldc)
-    out[...] = alpha * (op_a @ op_b) + beta * out
+    # beta == 0 overwrites C, as BLAS does: 0 * C would keep a NaN that C's fresh memory held
+    out[...] = alpha * (op_a @ op_b) + (beta * out if beta else 0)
 
 
 @overload(gemm)

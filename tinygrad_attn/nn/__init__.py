@@ -11,18 +11,20 @@ See docs/nn.md.
 from .. import functional  # noqa: F401  (nn.functional, as in torch.nn.functional)
 from . import init  # noqa: F401
 from .attention import MultiHeadAttention, MultiheadAttention
-from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU
+from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, RMSNorm, SiLU
 from .module import (IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential,
                      StateDictError)
-from .positional import LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_table
+from .positional import (LearnedPositionalEmbedding, PositionalEncoding, RotaryEmbedding, precompute_freqs_cis,
+                         sinusoidal_table)
 from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
 
 __all__ = [
     "Module", "Parameter", "ModuleList", "ModuleDict", "Sequential", "StateDictError",
     "IncompatibleKeys", "init", "functional",
-    "Identity", "Linear", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU",
+    "Identity", "Linear", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU", "RMSNorm", "SiLU",
     "MultiHeadAttention", "MultiheadAttention", "PositionalEncoding", "LearnedPositionalEmbedding",
-    "sinusoidal_table", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+    "sinusoidal_table", "RotaryEmbedding", "precompute_freqs_cis",
+    "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
     "TransformerDecoder", "Transformer",
 ]

@@ -268,3 +268,53 @@ class GELU(Module):
 
     def extra_repr(self):
         return f"approximate={self.approximate!r}"
+
+
+class RMSNorm(Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape)
+    axes (Llama's normalization: LayerNorm without the mean and the bias).
+    weight starts at 1.
+
+    RMSNorm(normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None)
+
+    eps=None is PyTorch's rule: the machine epsilon of the input's dtype
+    (torch.finfo(x.dtype).eps). elementwise_affine=False has no weight.
+    """
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
+        super().__init__()
+        dtype = factory_dtype("RMSNorm", device, dtype)
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        _check_sizes("RMSNorm", **{f"normalized_shape[{i}]": n for i, n in enumerate(normalized_shape)})
+        self.normalized_shape, self.eps = tuple(normalized_shape), eps
+        self.elementwise_affine = elementwise_affine
+        self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) if elementwise_affine else None
+        if dtype is not None:
+            self.to(dtype)
+
+    def reset_parameters(self):
+        """weight back to 1."""
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, x):
+        """Normalise `x` (..., *normalized_shape) over its last axes."""
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class SiLU(Module):
+    """y = x * sigmoid(x) (the Swish of SwiGLU). SiLU(inplace=False); inplace=True
+    is not implemented."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        no_inplace("SiLU", inplace)
+        self.inplace = inplace
+
+    def forward(self, input):
+        """x * sigmoid(x), elementwise."""
+        return F.silu(input)

@@ -9,6 +9,8 @@ layer_norm   layer_norm                               (fused Numba kernel)
 cross_entropy cross_entropy                           (fused Numba kernel)
 attention    scaled dot-product attention, weights    (fused Numba kernel)
 dropout      dropout                                  (Numba kernel)
+rms_norm     rms_norm                                 (fused Numba kernel)
+rotary       rotary position embedding                (fused Numba kernel)
 
 Each op module's kernels are in `tinygrad_attn/kernels/` under the same name
 (ops/layer_norm.py calls kernels/layer_norm.py); they know only numpy arrays.
@@ -17,3 +19,4 @@ backward in plain numpy) are in `tinygrad_attn/reference/`.
 """
 from . import (attention, cross_entropy, dropout, elementwise, layer_norm, matmul, movement,  # noqa: F401
                reduce, softmax)  # imported to register the ops
+from . import rms_norm, rotary  # noqa: F401

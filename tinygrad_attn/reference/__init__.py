@@ -11,6 +11,6 @@ numpy_flash     attention the FlashAttention way in plain numpy: an online
 
 `tinygrad_attn.reference.softmax` and the rest are the composites.
 """
-from .composites import (cross_entropy, dropout, gelu, is_reference_ops_enabled, layer_norm, linear,  # noqa: F401
+from .composites import (apply_rotary_emb, cross_entropy, dropout, gelu, is_reference_ops_enabled, layer_norm, linear,  # noqa: F401
                          log_softmax, packed_self_attention, reference_ops, scaled_dot_product_attention,
-                         set_reference_ops, softmax)
+                         rms_norm, set_reference_ops, softmax)

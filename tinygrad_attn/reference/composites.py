@@ -29,7 +29,7 @@ import numpy as np
 from ..ops.dropout import draw_key, keep_rule
 from ..kernels.random_bits import uniform_bits_numpy
 from ..shapes import ShapeError, normalize_axis
-from ..tensor import Tensor, where
+from ..tensor import Tensor, stack, where
 
 _enabled = contextvars.ContextVar("tinygrad_attn.reference_ops", default=False)
 
@@ -260,3 +260,34 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     heads, weights = result if need_weights else (result, None)
     out = heads.permute(0, 2, 1, 3).reshape(B, T, num_heads * hd)  # concatenate the heads
     return (out, weights.detach()) if need_weights else out
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=1e-6):
+    """x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape)
+    axes: LayerNorm without subtracting the mean."""
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(normalized_shape)
+    if x.shape[x.ndim - k:] != normalized_shape:
+        raise ShapeError(f"rms_norm: input of shape {x.shape} does not end with "
+                         f"normalized_shape {normalized_shape}")
+    axes = tuple(range(x.ndim - k, x.ndim))
+    y = x / ((x * x).mean(axis=axes, keepdims=True) + eps).sqrt()
+    return y if weight is None else y * weight
+
+
+def apply_rotary_emb(x, freqs_cos, freqs_sin):
+    """Rotate each pair (x[2i], x[2i+1]) of every head vector of x (..., T, H, hd)
+    by the angle of its position: with cos, sin (T, hd/2) of those angles,
+
+        y[2i] = x[2i] cos - x[2i+1] sin,    y[2i+1] = x[2i] sin + x[2i+1] cos
+
+    (llama2.c's apply_rotary_emb, in real numbers)."""
+    shape = x.shape
+    if x.ndim < 3 or shape[-1] % 2 or tuple(freqs_cos.shape) != (shape[-3], shape[-1] // 2):
+        raise ShapeError(f"apply_rotary_emb: input of shape {shape} with freqs_cos {freqs_cos.shape}: "
+                         f"expected x (..., T, n_heads, head_dim) and tables (T, head_dim // 2)")
+    pairs = x.reshape(shape[:-1] + (shape[-1] // 2, 2))
+    a, b = pairs[..., 0], pairs[..., 1]  # (..., T, H, hd/2) each
+    cos = freqs_cos.astype(x.dtype).reshape(shape[-3], 1, shape[-1] // 2)  # broadcast over the heads
+    sin = freqs_sin.astype(x.dtype).reshape(shape[-3], 1, shape[-1] // 2)
+    return stack([a * cos - b * sin, a * sin + b * cos], dim=-1).reshape(shape)

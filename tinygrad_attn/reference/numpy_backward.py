@@ -2,8 +2,8 @@
 
 The fused ops (LinearOp, Softmax, LogSoftmax, LayerNormOp, CrossEntropy,
 DropoutOp, ScaledDotProductAttention, AttentionWeights, PackedSelfAttention,
-Gelu) run Numba kernels: fast, but loops over rows and blocks that hide the
-math. Here each one's backward is a few lines of numpy, the derivative in
+Gelu, RMSNormOp, RotaryOp) run Numba kernels: fast, but loops over rows and
+blocks that hide the math. Here each one's backward is a few lines of numpy, the derivative in
 its docstring and the forward beside it, to read next to the op (and next to
 docs/backprop_through_attention.md). tests/test_numpy_backward.py checks
 every function against the fused op's own backward, to 1e-12 in float64.
@@ -380,3 +380,62 @@ def embedding_backward(indices, grad, num_embeddings, padding_idx=None):
     if padding_idx is not None:
         dW[padding_idx] = 0
     return dW
+
+
+# ---------------------------------------------------------------- rms norm
+
+def rms_norm_forward(x, weight, normalized_ndim=1, eps=1e-6):
+    """y = x / sqrt(mean(x^2) + eps) * w over the last `normalized_ndim` axes."""
+    axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
+    return x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps) * weight
+
+
+def rms_norm_backward(x, weight, grad, normalized_ndim=1, eps=1e-6):
+    """(dL/dx, dL/dw) for y = xhat * w, xhat = x * rstd, rstd = 1 / sqrt(mean(x^2) + eps),
+    g = dL/dy. With gw = g * w and the means over each row's normalized values:
+
+        dL/dx = rstd * (gw - xhat * mean(gw * xhat))
+        dL/dw = sum over rows of g * xhat
+
+    The direct path, minus what x gives through its own scale (the part of
+    gw along xhat). LayerNorm subtracts mean(gw) as well, for the mean it
+    removed; RMSNorm removes none, so dL/dx need not sum to 0 over a row,
+    but it is still orthogonal to xhat when eps = 0 (scaling a row changes
+    nothing). (The fused op: tinygrad_attn.ops.rms_norm.RMSNormOp.)
+    """
+    axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
+    rstd = 1 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+    xhat = x * rstd
+    gw = grad * weight
+    dx = rstd * (gw - xhat * (gw * xhat).mean(axis=axes, keepdims=True))
+    return dx, (grad * xhat).sum(axis=tuple(range(x.ndim - normalized_ndim)))
+
+
+# ---------------------------------------------------------------- rotary position embedding
+
+def rotary_forward(x, cos, sin):
+    """y = R x: each pair (x[2i], x[2i+1]) of x (..., T, H, hd) rotated by the angle of
+    its position, cos and sin (T, hd/2) of those angles (llama2.c's convention)."""
+    a, b = x[..., 0::2], x[..., 1::2]
+    c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, hd/2): the same angles for every head
+    y = np.empty_like(x)
+    y[..., 0::2], y[..., 1::2] = a * c - b * s, a * s + b * c
+    return y
+
+
+def rotary_backward(x, cos, sin, grad):
+    """(dL/dx, dL/dcos, dL/dsin) for y = R x, g = dL/dy. Each 2x2 block of R is a
+    rotation [[c, -s], [s, c]], orthogonal, so its transpose [[c, s], [-s, c]]
+    rotates back:
+
+        dL/dx[2i]   =  g[2i] c + g[2i+1] s
+        dL/dx[2i+1] = -g[2i] s + g[2i+1] c           (the rotation by -theta)
+        dL/dcos = sum over rows and heads of g[2i] x[2i] + g[2i+1] x[2i+1]
+        dL/dsin = sum over rows and heads of g[2i+1] x[2i] - g[2i] x[2i+1]
+
+    (The fused op: tinygrad_attn.ops.rotary.RotaryOp.)
+    """
+    dx = rotary_forward(grad, cos, -sin)  # R^T = R(-theta)
+    a, b, ga, gb = x[..., 0::2], x[..., 1::2], grad[..., 0::2], grad[..., 1::2]
+    rows_and_heads = tuple(range(x.ndim - 3)) + (x.ndim - 2,)
+    return dx, (ga * a + gb * b).sum(axis=rows_and_heads), (gb * a - ga * b).sum(axis=rows_and_heads)

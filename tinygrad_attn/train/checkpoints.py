@@ -21,13 +21,14 @@ import numpy as np
 
 from .. import optim
 from ..checkpoint import CheckpointError, load, save
-from ..models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
+from ..models import GPT, GPTConfig, Llama, LlamaConfig, Seq2SeqConfig, Seq2SeqTransformer
 from ..random import get_generator
 from .rundir import CHECKPOINT_NAME
 
 FORMAT = "tinygrad_attn.train/1"  # metadata["format"] of our checkpoints
 # the "kind" of a model config's JSON -> (model class, config class)
-MODEL_CLASSES = {"Seq2SeqConfig": (Seq2SeqTransformer, Seq2SeqConfig), "GPTConfig": (GPT, GPTConfig)}
+MODEL_CLASSES = {"Seq2SeqConfig": (Seq2SeqTransformer, Seq2SeqConfig), "GPTConfig": (GPT, GPTConfig),
+                 "LlamaConfig": (Llama, LlamaConfig)}
 
 
 def checkpoint_file(path):

@@ -19,6 +19,7 @@ SEQ2SEQ_TASKS = ("copy", "reverse", "sort")
 TASKS = SEQ2SEQ_TASKS + ("charlm",)
 SCHEDULES = ("cosine", "inverse-sqrt", "constant")
 GELUS = ("exact", "tanh")
+ARCHS = ("gpt", "llama")  # charlm's model: nanoGPT's GPT-2 or llama2.c's Llama 2
 
 # bias and gelu are options of the charlm GPT only (None for the seq2seq tasks).
 # decay_embeddings: the seq2seq tasks decay only the weight matrices of Linear layers and
@@ -37,9 +38,15 @@ TASK_DEFAULTS = {
                    warmup=100, seq_len=64, vocab=None, eval_every=250, eval_size=240,
                    weight_decay=0.1, bias=True, gelu="exact", decay_embeddings=True),
 }
+# --arch llama: llama2.c's architecture at the charlm CPU size. No biases, no GELU (SwiGLU),
+# the SwiGLU width by llama2.c's rule (ffn None: 2/3 of 4 d_model up to a multiple of 32),
+# kv_heads None: half the heads share keys and values (heads // 2, or heads if odd).
+# The optimiser and schedule stay charlm's, so the two architectures compare step for step.
+LLAMA_DEFAULTS = dict(ffn=None, bias=None, gelu=None, kv_heads=None)
+LLAMA_MULTIPLE_OF = 32  # llama2.c's train.py
 # Settings added after the first checkpoints were written: the value an older
 # checkpoint (whose JSON lacks the field) was trained with.
-_LEGACY = {"decay_embeddings": False}
+_LEGACY = {"decay_embeddings": False, "arch": None, "kv_heads": None}
 
 
 class ConfigError(ValueError):
@@ -61,8 +68,13 @@ class TrainConfig:
     min_lr: the schedule's final lr (default lr / 10).
     beta2: AdamW's second-moment decay (beta1 is 0.9).
     grad_clip: max global gradient norm (0: no clipping).
-    bias, gelu: charlm only: biases in the GPT's Linear and LayerNorm
+    bias, gelu: charlm GPT only: biases in the GPT's Linear and LayerNorm
         layers; "exact" or "tanh" GELU.
+    arch: charlm only: "gpt" (nanoGPT's GPT-2 layout, the default) or
+        "llama" (llama2.c's Llama 2: RMSNorm, rotary positions, SwiGLU,
+        grouped-query attention, no biases).
+    kv_heads: llama only: key/value heads, each shared by heads / kv_heads
+        query heads (default heads // 2, or heads if odd).
     decay_embeddings: weight decay on embedding and position tables too
         (every 2-D parameter, nanoGPT's rule), not only on the weight
         matrices of Linear layers and attention.
@@ -71,9 +83,11 @@ class TrainConfig:
 
     task: str = "copy"
     text: str = None
+    arch: str = None
     layers: int = None
     d_model: int = None
     heads: int = None
+    kv_heads: int = None
     ffn: int = None
     dropout: float = 0.0
     bias: bool = None
@@ -106,8 +120,19 @@ class TrainConfig:
         if self.task not in TASKS:
             raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         defaults = TASK_DEFAULTS[self.task]
+        if self.task == "charlm":
+            defaults = {**defaults, "arch": "gpt"}
+            if self.arch == "llama":
+                defaults.update(LLAMA_DEFAULTS)
         values = {k: (defaults[k] if getattr(self, k) is None and k in defaults else getattr(self, k))
                   for k in (f.name for f in fields(self))}
+        if values["arch"] == "llama" and isinstance(values["heads"], int) and values["heads"] > 0:
+            heads = values["heads"]
+            if values["kv_heads"] is None:
+                values["kv_heads"] = heads // 2 if heads % 2 == 0 else heads
+            if values["ffn"] is None and isinstance(values["d_model"], int):
+                from ..models import llama_hidden_dim
+                values["ffn"] = llama_hidden_dim(values["d_model"], None, LLAMA_MULTIPLE_OF)
         if values["min_lr"] is None and values["lr"] is not None:
             values["min_lr"] = values["lr"] / 10
         if values["out"] is None:
@@ -173,6 +198,8 @@ class TrainConfig:
         if self.bias is not None or self.gelu is not None:
             raise ConfigError(f"--bias/--no-bias and --gelu are options of the charlm GPT, "
                               f"not of --task {self.task}")
+        if self.arch is not None or self.kv_heads is not None:
+            raise ConfigError(f"--arch and --kv-heads are options of --task charlm, not of --task {self.task}")
         for name in ("vocab",) + (("min_seq_len",) if self.min_seq_len is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -198,10 +225,28 @@ class TrainConfig:
         if self.vocab is not None or self.min_seq_len is not None:
             raise ConfigError("--vocab and --min-seq-len are for the seq2seq tasks: charlm's "
                               "vocabulary is the text's characters")
+        if self.arch not in ARCHS:
+            raise ConfigError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch == "llama":
+            self._validate_llama()
+            return
+        if self.kv_heads is not None:
+            raise ConfigError("--kv-heads is an option of --arch llama (the GPT gives every head its keys)")
         if not isinstance(self.bias, bool):
             raise ConfigError(f"--bias must be true or false, got {self.bias!r}")
         if self.gelu not in GELUS:
             raise ConfigError(f"--gelu must be one of {', '.join(GELUS)}, got {self.gelu!r}")
+
+    def _validate_llama(self):
+        if self.bias is not None or self.gelu is not None:
+            raise ConfigError("--bias/--no-bias and --gelu are options of --arch gpt: the Llama has no "
+                              "biases and a SwiGLU feed-forward")
+        kv = self.kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.heads % kv:
+            raise ConfigError(f"--kv-heads must be a positive integer dividing --heads {self.heads}, got {kv!r}")
+        if (self.d_model // self.heads) % 2:
+            raise ConfigError(f"--arch llama needs an even head size (rotary embeddings turn pairs of "
+                              f"features): --d-model {self.d_model} / --heads {self.heads} is odd")
 
     def to_json(self):
         return json.dumps(asdict(self), sort_keys=True)
@@ -214,4 +259,6 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         if not isinstance(values, dict) or set(values) - known:
             raise ConfigError(f"not a training configuration: {text[:80]!r}")
+        if values.get("task") == "charlm" and "arch" not in values:
+            values = {**values, "arch": "gpt"}  # charlm trained only the GPT before --arch
         return cls(**{**_LEGACY, **values})

@@ -18,8 +18,8 @@ from .. import data
 from .. import functional as F
 from ..autograd import no_grad
 from ..data.vocab import BOS, EOS, PAD, SPECIAL_NAMES
-from ..models import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from .config import ConfigError
+from ..models import GPT, GPTConfig, Llama, LlamaConfig, Seq2SeqConfig, Seq2SeqTransformer
+from .config import LLAMA_MULTIPLE_OF, ConfigError
 
 
 def make_job(config):
@@ -173,7 +173,7 @@ def _show_char(c):
 
 
 class CharLMJob:
-    """Character-level language modelling with the decoder-only `GPT`.
+    """Character-level language modelling with the decoder-only `GPT` (or `Llama`: --arch llama).
 
     Loss: next-character cross-entropy. Evaluation: the mean loss on
     `eval_size` fixed validation windows (drawn once, from their own seed).
@@ -190,10 +190,16 @@ class CharLMJob:
         self._check_length()
         self.data = data.CharLMData(self.text, block_size=config.seq_len, val_fraction=self.VAL_FRACTION,
                                     source=config.text)
-        self.model = GPT(GPTConfig(
-            vocab_size=self.data.vocab_size, block_size=config.seq_len, n_layer=config.layers,
-            n_head=config.heads, n_embd=config.d_model, dim_feedforward=config.ffn,
-            dropout=config.dropout, bias=config.bias, gelu=config.gelu))
+        if config.arch == "llama":
+            self.model = Llama(LlamaConfig(
+                dim=config.d_model, n_layers=config.layers, n_heads=config.heads, n_kv_heads=config.kv_heads,
+                vocab_size=self.data.vocab_size, hidden_dim=config.ffn, multiple_of=LLAMA_MULTIPLE_OF,
+                max_seq_len=config.seq_len, dropout=config.dropout))
+        else:
+            self.model = GPT(GPTConfig(
+                vocab_size=self.data.vocab_size, block_size=config.seq_len, n_layer=config.layers,
+                n_head=config.heads, n_embd=config.d_model, dim_feedforward=config.ffn,
+                dropout=config.dropout, bias=config.bias, gelu=config.gelu))
         self.val_x, self.val_y = self.data.get_batch(
             "val", config.eval_size, generator=np.random.default_rng(self.EVAL_SEED))
 

@@ -30,8 +30,8 @@ class RunInfo:
     """What a trained model needs besides its weights.
 
     path: the checkpoint file. task: "copy", "reverse", "sort" or "charlm".
-    config: the run's TrainConfig. model_config: the model's GPTConfig or
-    Seq2SeqConfig. step: the training step of the checkpoint.
+    config: the run's TrainConfig. model_config: the model's GPTConfig,
+    LlamaConfig or Seq2SeqConfig. step: the training step of the checkpoint.
     tokenizer: ids <-> the task's tokens: a `data.CharTokenizer` for charlm
     (encode(text), decode(ids); its `chars` are the vocabulary), the
     `data.Seq2SeqTask` for copy / reverse / sort (encode(symbols),
@@ -112,8 +112,9 @@ def _nanogpt_name(name):
 def torch_state_dict(model):
     """{name: float32 numpy array} with the parameter names of the PyTorch
     module of examples/torch_models.py: nanoGPT's for a GPT, ours (which
-    are torch.nn.Transformer's) for a Seq2SeqTransformer. A tied weight
-    appears under both names, as in PyTorch's state_dict."""
+    are torch.nn.Transformer's) for a Seq2SeqTransformer, ours (which are
+    llama2.c's) for a Llama. A tied weight appears under both names, as in
+    PyTorch's state_dict."""
     state = {name: t.data for name, t in model.state_dict().items()}
     if isinstance(model, GPT):
         state = {_nanogpt_name(name): array for name, array in state.items()}
@@ -123,7 +124,7 @@ def torch_state_dict(model):
 def export_torch(path, out, overwrite=False):
     """Write the model of a run (directory or checkpoint) as a safetensors
     state dict for PyTorch (`torch_state_dict`), with metadata "module"
-    (GPT or Seq2SeqTransformer), "config" (its constructor's arguments, JSON),
+    (GPT, Llama or Seq2SeqTransformer), "config" (its constructor's arguments, JSON),
     "task", "step", "source" (the run's name, `run_name`: never a local path,
     as the file is made to be shared) and "format". Refuses an existing
     `out` unless overwrite=True. Returns `out`."""

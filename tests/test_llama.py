@@ -1,0 +1,153 @@
+"""models.Llama: llama2.c's model, loaded from a PyTorch state dict with its
+names (examples/torch_models.py's Llama, written after llama2.c's model.py)
+and giving its logits and gradients; generation with a key/value cache of
+the shared heads only; the reference ops path."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import tinygrad_attn as tg
+from tinygrad_attn import functional as F
+from tinygrad_attn import generation
+from tinygrad_attn.models import FeedForward, Llama, LlamaConfig, llama_hidden_dim
+
+from .nn_helpers import ops_in_graph
+from .test_examples import load
+
+# llama2.c's ModelArgs, field by field, in its order
+MODEL_ARGS = ["dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "multiple_of", "norm_eps",
+              "max_seq_len", "dropout"]
+SMALL = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=13, multiple_of=16, max_seq_len=16)
+TORCH_DTYPES = {np.float32: torch.float32, np.float64: torch.float64}
+
+
+def twin_and_ours(dtype, **overrides):
+    """llama2.c's model (our torch twin) with random weights (norm weights too),
+    and ours loaded from its state_dict unchanged."""
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**SMALL, **overrides})
+    theirs = load("torch_models").Llama(**dataclasses.asdict(config)).to(TORCH_DTYPES[dtype])
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 2 else 0.2) + (1.0 if p.ndim == 1 else 0.0))
+    ours = Llama(config)
+    if dtype == np.float64:
+        ours.double()
+    ours.load_state_dict(theirs.state_dict())  # strict: every name is llama2.c's
+    if dtype == np.float64:  # the rotary tables are float32 in both, equal to one unit in the last place
+        ours.freqs_cos.data[:], ours.freqs_sin.data[:] = theirs.freqs_cos.numpy(), theirs.freqs_sin.numpy()
+    return theirs, ours
+
+
+def test_config_fields_are_llama2cs_model_args():
+    assert [f.name for f in dataclasses.fields(LlamaConfig)] == MODEL_ARGS
+    assert LlamaConfig.from_json(LlamaConfig(vocab_size=65).to_json()) == LlamaConfig(vocab_size=65)
+    with pytest.raises(ValueError, match="n_kv_heads 3 must divide n_heads"):
+        LlamaConfig(n_heads=4, n_kv_heads=3)
+
+
+def test_hidden_dim_follows_llama2cs_rule():
+    assert llama_hidden_dim(128, None, 32) == 352  # 4 * 128 = 512, 2/3 of it 341, up to a multiple of 32
+    assert llama_hidden_dim(288, None, 32) == 768  # llama2.c's stories15M
+    assert llama_hidden_dim(4096, None, 256) == 11008  # Llama 2 7B
+    assert llama_hidden_dim(128, 100, 32) == 100
+    ff = FeedForward(128, None, 32, 0.0)
+    assert ff.w1.weight.shape == (352, 128) and ff.w2.weight.shape == (128, 352) and ff.w3.weight.shape == (352, 128)
+
+
+def test_state_dict_names_and_tying_are_llama2cs():
+    theirs, ours = twin_and_ours(np.float32)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert ours.output.weight is ours.tok_embeddings.weight
+    assert ours.num_parameters() == sum(p.numel() for p in theirs.parameters())
+    assert "freqs_cos" not in ours.state_dict()
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-10)])
+def test_logits_and_gradients_match_llama2cs_model(dtype, tol):
+    """The same state dict, the same tokens: logits, loss and the gradient of
+    every parameter agree (on the scale of each array)."""
+    theirs, ours = twin_and_ours(dtype)
+    tokens = np.random.default_rng(0).integers(0, SMALL["vocab_size"], (3, SMALL["max_seq_len"]))
+    targets = np.roll(tokens, -1, axis=1)
+    logits = ours(tokens)
+    loss = F.cross_entropy(logits.reshape(-1, SMALL["vocab_size"]), targets.reshape(-1))
+    loss.backward()
+    t_logits = theirs(torch.tensor(tokens))
+    t_loss = torch.nn.functional.cross_entropy(t_logits.view(-1, SMALL["vocab_size"]), torch.tensor(targets).view(-1))
+    t_loss.backward()
+    assert logits.dtype == dtype
+
+    def close(a, b, what):
+        scale = max(1.0, float(np.abs(b).max()))
+        assert np.abs(a - b).max() <= tol * scale, f"{what}: {np.abs(a - b).max():.1e}"
+    close(logits.data, t_logits.detach().numpy(), "logits")
+    close(np.array(loss.item()), np.array(t_loss.item()), "loss")
+    params = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        close(params[name].grad.data, p.grad.numpy(), name)
+
+
+def test_kv_cache_generation_is_exact_against_the_uncached_path():
+    """Greedy and sampled continuations, cached against uncached, through a
+    window restart (the prompt plus 30 ids > max_seq_len 16); the logits of
+    one cached step against the full forward's last position."""
+    _, ours = twin_and_ours(np.float64)
+    prompt = np.random.default_rng(1).integers(0, SMALL["vocab_size"], (2, 5))
+    for temperature in (0.0, 0.9):
+        cached = ours.generate(prompt, 30, temperature=temperature, generator=np.random.default_rng(3))
+        uncached = ours.generate(prompt, 30, temperature=temperature, generator=np.random.default_rng(3),
+                                 use_cache=False)
+        np.testing.assert_array_equal(cached, uncached)
+    ids = np.random.default_rng(2).integers(0, SMALL["vocab_size"], (2, 11))
+    caches = ours._new_caches(2, 16)
+    generation.llama_step(ours, ids[:, :7], caches)  # prefill positions 0..6
+    for t in range(7, 11):  # then one position at a time: the rotary angles continue from the cache
+        step = generation.llama_step(ours, ids[:, t:t + 1], caches)
+        np.testing.assert_allclose(step, ours(ids[:, :t + 1]).data[:, -1], rtol=1e-12, atol=1e-12)
+
+
+def test_kv_cache_keeps_only_the_shared_heads():
+    """n_kv_heads = 2 of 4 heads: the cache is half a full-heads cache (and a
+    quarter with one shared head), yet gives the model's logits."""
+    for n_kv, factor in ((2, 2), (1, 4), (4, 1)):
+        _, ours = twin_and_ours(np.float64, n_kv_heads=n_kv)
+        caches = ours._new_caches(3, 16)
+        full_heads = 3 * SMALL["n_heads"] * 16 * (SMALL["dim"] // SMALL["n_heads"])
+        assert all(c.keys.shape == (3, n_kv, 16, 8) and c.keys.size * factor == full_heads for c in caches)
+        ids = np.arange(18).reshape(3, 6) % SMALL["vocab_size"]
+        np.testing.assert_allclose(generation.llama_step(ours, ids, caches), ours(ids).data[:, -1],
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_llama_trains_the_same_through_the_reference_ops():
+    """The fused graph holds the new fused ops, the reference graph none; the
+    loss and gradients agree to rounding (float64)."""
+    results = []
+    for reference in (False, True):
+        tg.manual_seed(0)
+        model = Llama(LlamaConfig(**SMALL)).double()
+        tokens = np.arange(2 * 9).reshape(2, 9) % SMALL["vocab_size"]
+        with tg.reference_ops(reference):
+            loss = F.cross_entropy(model(tokens).reshape(-1, SMALL["vocab_size"]), np.roll(tokens, -1).reshape(-1))
+        names = ops_in_graph(loss)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.data for n, p in model.named_parameters()}, names))
+    (loss_f, grads_f, ops_f), (loss_r, grads_r, ops_r) = results
+    fused = {"RMSNormOp", "RotaryOp", "LinearOp", "ScaledDotProductAttention", "CrossEntropy"}
+    assert ops_f >= fused and not ops_r & fused, (sorted(ops_f), sorted(ops_r))
+    assert loss_r == pytest.approx(loss_f, rel=1e-12)
+    for name in grads_f:
+        np.testing.assert_allclose(grads_r[name], grads_f[name], rtol=1e-9, atol=1e-12 * np.abs(grads_f[name]).max())
+
+
+def test_bad_input_names_the_model():
+    model = Llama(LlamaConfig(**SMALL))
+    with pytest.raises(tg.ShapeError, match="Llama.*max_seq_len 16"):
+        model(np.zeros((1, 17), np.int64))
+    with pytest.raises(ValueError, match=r"Llama: token ids must be in \[0, 13\)"):
+        model(np.array([[13]]))
+    with pytest.raises(ValueError, match="Llama.generate: temperature"):
+        model.generate(np.array([1]), 3, temperature=-1)

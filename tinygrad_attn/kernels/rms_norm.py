@@ -1,0 +1,84 @@
+"""RMSNorm over the last axis of a (rows, n) array, forward and backward.
+
+    rstd = 1 / sqrt(mean(x^2) + eps),   xhat = x * rstd,   y = xhat * w
+
+LayerNorm without the mean: nothing is subtracted, so a row is only
+scaled. Forward saves rstd (one number per row); backward recomputes
+xhat. With gw = g * w,
+
+    dx = rstd * (gw - xhat * mean(gw * xhat))
+    dw = sum over rows of g * xhat
+
+(LayerNorm's dx has one more term, - mean(gw): the gradient of the mean
+it removed.) A row whose mean square overflows (|x| near the float's
+maximum) gives 0, as PyTorch's rms_norm does (x * 1/sqrt(inf)).
+
+Each row is one cache-resident pass; the sums may be reordered (fast-math
+'reassoc', see fastmath.py): they add squares or products of bounded
+terms, nothing cancels catastrophically. Backward works on fixed blocks of
+rows, each adding its rows' dw into its own partial sum, which the caller
+adds in block order, so the result does not depend on the thread count.
+"""
+import numpy as np
+from numba import njit
+
+from .fastmath import SUM_FASTMATH
+from .threads import parallel_for
+
+_BLOCKS = 32  # backward's partial sums of dw: at most this many, each a fixed block of rows
+
+
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+def _rms_norm_forward(x, weight, eps, out, rstd, start, stop):
+    """out = x * rstd * weight and rstd for rows [start, stop)."""
+    n = x.shape[1]
+    inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
+    for r in range(start, stop):
+        xr = x[r]
+        total = x.dtype.type(0)
+        for j in range(n):
+            total += xr[j] * xr[j]
+        rs = x.dtype.type(1) / np.sqrt(total * inv_n + eps)
+        rstd[r] = rs
+        yr = out[r]
+        for j in range(n):
+            yr[j] = xr[j] * rs * weight[j]
+
+
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+def _rms_norm_backward(x, weight, rstd, grad, dx, dweight_blocks, block_rows, start, stop):
+    """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sum of dw."""
+    rows, n = x.shape
+    inv_n = x.dtype.type(1.0 / n)
+    for blk in range(start, stop):
+        dw = dweight_blocks[blk]
+        dw[:] = 0
+        last = (blk + 1) * block_rows
+        for r in range(blk * block_rows, last if last < rows else rows):
+            xr, gr, dr = x[r], grad[r], dx[r]
+            rs = rstd[r]
+            sum_gw_xhat = x.dtype.type(0)
+            for j in range(n):
+                sum_gw_xhat += gr[j] * weight[j] * (xr[j] * rs)
+            mean_gw_xhat = sum_gw_xhat * inv_n
+            for j in range(n):
+                xhat = xr[j] * rs
+                dw[j] += gr[j] * xhat
+                dr[j] = rs * (gr[j] * weight[j] - xhat * mean_gw_xhat)
+
+
+def rms_norm_forward(x, weight, eps, out, rstd):
+    """out = rms_norm(x) * weight, and each row's rstd; x, out: (rows, n)."""
+    parallel_for(_rms_norm_forward, x.shape[0], x, weight, eps, out, rstd, item_size=x.shape[1])
+
+
+def rms_norm_backward(x, weight, rstd, grad, dx):
+    """Fill dx = dL/dx (rows, n); return dw, summed over fixed blocks of rows in
+    block order, so it does not depend on how the blocks were shared between threads."""
+    rows, n = x.shape
+    block_rows = max(1, -(-rows // _BLOCKS))
+    n_blocks = -(-rows // block_rows)
+    dw_blocks = np.empty((n_blocks, n), x.dtype)
+    parallel_for(_rms_norm_backward, n_blocks, x, weight, rstd, grad, dx, dw_blocks, block_rows,
+                 item_size=block_rows * n)
+    return dw_blocks.sum(axis=0)
