@@ -399,7 +399,7 @@ def test_dropout_mask_is_the_documented_hash():
     x = np.ones(1000, np.float32)
     out = np.empty_like(x)
     threshold = np.uint32(round(p * 2**32))
-    kernels.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out)
+    kernels.dropout.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out)
     np.testing.assert_array_equal(out != 0, ref.dropout_keep(x.shape, p, key))
     indices = np.arange(1000)
     np.testing.assert_array_equal(random_bits.uniform_bits_numpy(key, indices), ref.random_bits(key, indices))
@@ -407,33 +407,19 @@ def test_dropout_mask_is_the_documented_hash():
 
 # -------------------------------------------------------------- determinism
 
+LARGE = 1 << 20  # elements in an example's main input: enough that every kernel shares its work out
+
+
 def _every_kernel(threads_count):
-    """Outputs and gradients of each fused op on fixed inputs, with `threads_count` threads."""
+    """Outputs and gradients of every op's `example` at size LARGE, with `threads_count` threads."""
+    from tinygrad_attn import warmup
     kernels.set_num_threads(threads_count)
     try:
-        local = np.random.default_rng(5)
-        x = local.standard_normal((16384, 96)).astype(np.float32)  # several ranges per kernel
-        q, k, v = (local.standard_normal((8, 4, 48, 32)).astype(np.float32) for _ in range(3))
         results = []
-        cases = [
-            lambda t: F.softmax(t[0], dim=-1),
-            lambda t: F.layer_norm(t[0], 96, t[0][0] * 0 + 1.5, None),
-            lambda t: F.cross_entropy(t[0], np.arange(16384) % 96, label_smoothing=0.1),
-            lambda t: F.dropout(t[0], 0.2),
-            lambda t: F.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=True, dropout_p=0.1),
-            lambda t: t[1] @ t[2].swapaxes(-1, -2),
-            lambda t: t[0].gelu(),
-            lambda t: t[0].gelu(approximate="tanh"),
-            lambda t: t[0].relu(),
-            lambda t: t[0].erfc(),
-            lambda t: t[0][np.arange(40000) % 1000],  # a lookup: its backward is the scatter-add kernel
-        ]
-        for case in cases:
-            ts = [tg.Tensor(a, requires_grad=True) for a in (x, q, k, v)]
-            tg.manual_seed(0)
-            out = case(ts)
-            out.backward(np.ones(out.shape, np.float32))
-            results.append([out.data.copy()] + [t.grad.data.copy() for t in ts if t.grad is not None])
+        for op in warmup.ops_with_kernels():
+            out, tensors = warmup.run_example(op, np.float32, LARGE)
+            results.append((op.__name__, [out.data.copy()] + [t.grad.data.copy() for t in tensors
+                                                              if t.grad is not None]))
         return results
     finally:
         kernels.set_num_threads(None)
@@ -442,10 +428,11 @@ def _every_kernel(threads_count):
 def test_results_are_bit_identical_run_to_run_and_across_thread_counts():
     many = max(3, threads.get_num_threads())  # more threads than cores is fine here
     first, second, single = _every_kernel(many), _every_kernel(many), _every_kernel(1)
-    for a, b, c in zip(first, second, single):
+    assert len(first) >= 13
+    for (name, a), (_, b), (_, c) in zip(first, second, single):
         for x, y, z in zip(a, b, c):
-            np.testing.assert_array_equal(x, y)
-            np.testing.assert_array_equal(x, z)
+            np.testing.assert_array_equal(x, y, err_msg=name)
+            np.testing.assert_array_equal(x, z, err_msg=name)
 
 
 # ------------------------------------------------- float32 stays float32

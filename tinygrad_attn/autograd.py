@@ -230,9 +230,19 @@ class Function:
 
     Public subclasses defined inside `tinygrad_attn.ops` are recorded in
     `Function.registry`; the test suite checks each has a gradient check.
+
+    An op that runs a kernel also defines `example(dtype, size)`, a static
+    method returning a call of the op on made-up inputs: (arrays, params),
+    the arrays holding about `size` elements (a boolean array is an input
+    that takes no gradient). Nothing lists the kernels a step needs: the
+    warm-up (warmup.py) runs every op's example to learn which kernels to
+    compile with which argument types, and the tests run the examples to
+    check every kernel (bit-identical whatever the number of threads,
+    float32 kept float32).
     """
 
     registry = {}
+    example = None  # ops with a kernel: staticmethod example(dtype, size) -> (arrays, params)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

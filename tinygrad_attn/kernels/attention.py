@@ -29,12 +29,12 @@ is regenerated from (key, element index of P), the same stream
 `dropout_apply` would use on P.
 """
 import numpy as np
-from numba import njit
 
 from .blas import gemm, library
 from .fastmath import SUM_FASTMATH, exp
 from .matmul import MACS_PER_ELEMENT
 from .random_bits import uniform_bits
+from .registry import kernel
 from .threads import parallel_for
 
 
@@ -43,7 +43,7 @@ from .threads import parallel_for
 # SUM_FASTMATH: nothing here can be regrouped dangerously (sums, and the
 # exp of one difference, which `exp` computes with its own flags).
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
                       causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
                       start, stop):
@@ -94,7 +94,7 @@ def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, 
              zero, out[out_off[i]:], out_ld)
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
+@kernel(fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
 def _attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
                        grad, g_off, g_ld, scale, key, threshold, keep_scale,
                        dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,

@@ -28,10 +28,11 @@ every division keeps LLVM from vectorizing the loop (10x slower here).
 import math
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import overload
 
 from .fastmath import KERNEL_FASTMATH, exp
+from .registry import kernel
 from .threads import parallel_for
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -68,7 +69,7 @@ def _normal_cdf_overload(x):
     return {types.float32: _normal_cdf32, types.float64: _normal_cdf64}.get(x)
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH, error_model="numpy")
+@kernel(fastmath=KERNEL_FASTMATH, error_model="numpy")
 def _gelu_forward(x, approximate, out, start, stop):
     """out[i] = gelu(x[i]) for i in [start, stop) (1-D arrays); tanh form if `approximate`."""
     t = x.dtype.type
@@ -82,7 +83,7 @@ def _gelu_forward(x, approximate, out, start, stop):
             outs[j] = v * normal_cdf(v)
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH, error_model="numpy")
+@kernel(fastmath=KERNEL_FASTMATH, error_model="numpy")
 def _gelu_backward(x, grad, approximate, dx, start, stop):
     """dx[i] = grad[i] * gelu'(x[i]) for i in [start, stop) (1-D arrays)."""
     t = x.dtype.type
@@ -112,7 +113,7 @@ def gelu_backward(x, grad, approximate, dx):
     parallel_for(_gelu_backward, x.shape[0], x, grad, approximate, dx)
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _relu_forward(x, out, start, stop):
     """out[i] = max(x[i], 0) for i in [start, stop) (1-D arrays)."""
     zero = x.dtype.type(0)
@@ -121,7 +122,7 @@ def _relu_forward(x, out, start, stop):
         outs[j] = zero if xs[j] < zero else xs[j]  # NaN stays NaN, as np.maximum and torch.relu
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _relu_backward(y, grad, dx, start, stop):
     """dx[i] = 0 where y[i] <= 0, else grad[i] (y: relu's output; 1-D arrays).
     Written as torch's threshold_backward is, so a NaN input passes its gradient."""
@@ -143,7 +144,7 @@ def relu_backward(y, grad, dx):
     parallel_for(_relu_backward, y.shape[0], y, grad, dx)
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _erfc(x, out, start, stop):
     """out[i] = erfc(x[i]) for i in [start, stop) (1-D arrays): libm's erfc in
     float64, rounded once to float32 for float32 (so within half an ulp of

@@ -31,9 +31,9 @@ need no copy. Rows r0:r1 of op(A) start r0 rows into A, or r0 columns into
 it when A is read transposed (and likewise for a slice of the sum).
 """
 import numpy as np
-from numba import njit
 
 from .blas import gemm, library
+from .registry import kernel
 from .threads import GRAIN, parallel_for
 
 MACS_PER_ELEMENT = 32  # a multiply-add in BLAS costs ~1/32 of an element of the other kernels' work
@@ -41,7 +41,7 @@ _MAX_PIECES = 4  # a product in at most this many pieces
 _MIN_ROWS, _MIN_DEPTH = 64, 256  # the smallest piece worth a BLAS call, along m and along k
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, block_rows, chunk, bias, out,
             start, stop):
     """Items [start, stop): item j is rows [r0, r0 + block_rows) of product i, over

@@ -20,8 +20,9 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
-from .. import kernels
-from .array_views import as_matrices, as_rows, batch_index, float_dtype, output_like
+from ..kernels.attention import attention_backward, attention_forward
+from ..kernels.softmax import softmax_backward
+from .array_views import as_matrices, as_rows, batch_index, float_dtype, output_like, random_array
 from .dropout import draw_key, keep_rule
 from .matmul import stack_product
 
@@ -104,7 +105,7 @@ def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
         key = draw_key() if seed is None else np.uint32(seed)
     weights = np.empty((plan.n, plan.L, plan.S), dtype)
     if plan.n and plan.L:
-        kernels.attention_forward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, plan.mask, plan.im, has_mask,
+        attention_forward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, plan.mask, plan.im, has_mask,
                                   bool(is_causal), scale, key, threshold, keep_scale, weights, *plan.blas(out))
     ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
     ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
@@ -119,7 +120,7 @@ def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
     plan = ctx.plan
     dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
     if plan.n and plan.L:
-        kernels.attention_backward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, weights,
+        attention_backward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, weights,
                                    *plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, *ctx.dropout,
                                    *plan.blas(dq), *plan.blas(dk), *plan.blas(dv), dmask, want_dmask)
     else:
@@ -161,6 +162,12 @@ class ScaledDotProductAttention(Function):
         dmask = _attend_backward(ctx, grad, dq, dk, dv, has_mask and ctx.needs_input_grad[3])
         return (dq, dk, dv) + ((dmask,) if has_mask else ())
 
+    @staticmethod
+    def example(dtype, size):
+        batch = max(1, size // (4 * 48 * 32))  # (batch, 4 heads, 48 positions, head size 32)
+        q, k, v = (random_array(dtype, batch, 4, 48, 32, seed=i) for i in range(3))
+        return (q, k, v), dict(is_causal=True, dropout_p=0.1, seed=3)
+
 
 class AttentionWeights(Function):
     """P = softmax(scale * Q K^T + M), the attention weights, as a differentiable output.
@@ -197,7 +204,7 @@ class AttentionWeights(Function):
         p2 = as_rows(weights)
         ds = np.empty_like(p2)
         if ds.size:
-            kernels.softmax_backward(p2, as_rows(grad, plan.dtype), ds, False)
+            softmax_backward(p2, as_rows(grad, plan.dtype), ds, False)
         ds = ds.reshape(plan.batch + (plan.L, plan.S))
         dsm = plan.blas(ds)
         dq = stack_product(dsm, False, plan.k, False, plan.batch, plan.L, plan.E, plan.S, plan.dtype)
@@ -206,6 +213,13 @@ class AttentionWeights(Function):
         if len(ctx.needs_input_grad) > 2:
             grads += (ds if ctx.needs_input_grad[2] else None,)
         return grads
+
+    @staticmethod
+    def example(dtype, size):
+        batch = max(1, size // (4 * 48 * 32))
+        q, k = (random_array(dtype, batch, 4, 48, 32, seed=i) for i in range(2))
+        weights = np.exp(random_array(dtype, batch, 4, 48, 48, seed=2))
+        return (q, k), dict(weights=weights / weights.sum(axis=-1, keepdims=True))
 
 
 def _heads(x, parts, num_heads, op):
@@ -260,3 +274,8 @@ class PackedSelfAttention(Function):
         dmask = _attend_backward(ctx, grad_heads, *_heads(dqkv, 3, H, "packed self-attention"),
                                  has_mask and ctx.needs_input_grad[1])
         return (dqkv,) + ((dmask,) if has_mask else ())
+
+    @staticmethod
+    def example(dtype, size):
+        qkv = random_array(dtype, max(1, size // (48 * 3 * 4 * 32)), 48, 3 * 4 * 32)  # 4 heads of size 32
+        return (qkv,), dict(num_heads=4, is_causal=True, dropout_p=0.1, seed=3)
