@@ -18,7 +18,6 @@ from numba import njit
 
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
-from tinygrad_attn import reference as R
 from tinygrad_attn import kernels
 from tinygrad_attn.reference import numpy_backward as nb
 from tinygrad_attn.kernels import fastmath, numba_cache, random_bits, threads
@@ -32,14 +31,16 @@ def randn(*shape, dtype=np.float64, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
 
 
-def run_both(fused, reference, arrays, seed=0):
-    """Values and input gradients of fused(*tensors) and reference(*tensors),
-    each run after manual_seed(seed) (so dropout draws the same key)."""
+def run_both(fn, arrays, seed=0):
+    """Values and input gradients of fn(*tensors) with the fused ops and
+    inside reference_ops() (their composite twins), each run after
+    manual_seed(seed) (so dropout draws the same key)."""
     results = []
-    for fn in (fused, reference):
+    for reference in (False, True):
         ts = [tg.Tensor(a.copy(), requires_grad=True) for a in arrays]
         tg.manual_seed(seed)
-        out = fn(*ts)
+        with tg.reference_ops(reference):
+            out = fn(*ts)
         outs = out if isinstance(out, tuple) else (out,)
         total = sum((o * tg.Tensor(np.cos(np.arange(o.numel())).reshape(o.shape))).sum() for o in outs)
         total.backward()
@@ -47,8 +48,8 @@ def run_both(fused, reference, arrays, seed=0):
     return results
 
 
-def assert_same(fused, reference, arrays, rtol=1e-10, atol=1e-12, seed=0):
-    (out_f, grad_f), (out_c, grad_c) = run_both(fused, reference, arrays, seed)
+def assert_same(fn, arrays, rtol=1e-10, atol=1e-12, seed=0):
+    (out_f, grad_f), (out_c, grad_c) = run_both(fn, arrays, seed)
     for a, b in zip(out_f, out_c):
         np.testing.assert_allclose(a, np.broadcast_to(b, a.shape), rtol=rtol, atol=atol)
     for a, b in zip(grad_f, grad_c):
@@ -64,8 +65,8 @@ def assert_same(fused, reference, arrays, rtol=1e-10, atol=1e-12, seed=0):
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_matches_reference(axis, log):
     x = np.ascontiguousarray(randn(6, 5, 7).transpose(2, 0, 1))[:, ::2]  # strided input
-    fused, reference = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
-    assert_same(lambda t: fused(t, dim=axis), lambda t: reference(t, dim=axis), (x,))
+    fn = F.log_softmax if log else F.softmax
+    assert_same(lambda t: fn(t, dim=axis), (x,))
 
 
 @pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
@@ -76,21 +77,19 @@ def test_layer_norm_matches_reference(affine, norm_shape):
     use_w, use_b = affine in ("both", "weight"), affine in ("both", "bias")
     arrays = (x,) + ((w,) if use_w else ()) + ((b,) if use_b else ())
 
-    def call(fn):
-        def f(x, *wb):
-            wb = list(wb)
-            weight = wb.pop(0) if use_w else None
-            bias = wb.pop(0) if use_b else None
-            return fn(x, norm_shape, weight, bias, eps=1e-3)
-        return f
-    assert_same(call(F.layer_norm), call(R.layer_norm), arrays)
+    def f(x, *wb):
+        wb = list(wb)
+        weight = wb.pop(0) if use_w else None
+        bias = wb.pop(0) if use_b else None
+        return F.layer_norm(x, norm_shape, weight, bias, eps=1e-3)
+    assert_same(f, arrays)
 
 
 @pytest.mark.parametrize("x_shape", [(5,), (4, 5), (2, 3, 5)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_matches_reference(x_shape, bias):
     arrays = (randn(*x_shape), randn(6, 5)) + ((randn(6),) if bias else ())
-    assert_same(F.linear, R.linear, arrays)
+    assert_same(F.linear, arrays)
 
 
 @pytest.mark.parametrize("layout", [(6, 5), (5,), (3, 5, 4), (2, 5, 3, 2)])
@@ -104,7 +103,7 @@ def test_cross_entropy_matches_reference(layout, reduction, smoothing):
         target.flat[::3] = -1  # ignored
         target.flat[1] = 2
     kw = dict(ignore_index=-1, label_smoothing=smoothing, reduction=reduction)
-    assert_same(lambda t: F.cross_entropy(t, target, **kw), lambda t: R.cross_entropy(t, target, **kw), (x,))
+    assert_same(lambda t: F.cross_entropy(t, target, **kw), (x,))
 
 
 def test_cross_entropy_mean_over_no_targets_is_nan_as_in_pytorch():
@@ -123,32 +122,29 @@ def test_attention_matches_reference(mask_kind, causal, dropout_p):
     mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
             "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
     kw = dict(attn_mask=mask, is_causal=causal, dropout_p=dropout_p, need_weights=True)
-    fused_kw = kw
     if causal and mask is not None:
         # PyTorch (and F) refuse attn_mask with is_causal: give F the causal mask folded in.
         with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"):
             F.scaled_dot_product_attention(tg.Tensor(q), tg.Tensor(k), tg.Tensor(v), **kw)
         below = np.tril(np.ones((5, 6), bool))
         folded = mask & below if mask.dtype == bool else np.where(below, mask, -np.inf)
-        fused_kw = dict(kw, attn_mask=folded, is_causal=False)
-    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **fused_kw),
-                lambda *a: R.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
+        kw = dict(kw, attn_mask=folded, is_causal=False)
+    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
 
 
 def test_attention_gradient_reaches_a_float_mask():
     q, k, v, m = randn(2, 4, 3), randn(2, 5, 3), randn(2, 5, 2), randn(4, 5)
-    assert_same(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-                lambda q, k, v, m: R.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, m))
+    assert_same(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, m))
 
 
 def test_attention_broadcasts_key_and_value_over_heads():
     q, k, v = randn(2, 4, 5, 3), randn(2, 1, 6, 3), randn(1, 1, 6, 2)
-    assert_same(F.scaled_dot_product_attention, R.scaled_dot_product_attention, (q, k, v))
+    assert_same(F.scaled_dot_product_attention, (q, k, v))
 
 
 def test_dropout_matches_reference_with_the_same_seed():
     x = randn(3, 40, 7)
-    assert_same(lambda t: F.dropout(t, 0.25), lambda t: R.dropout(t, 0.25), (x,), seed=3)
+    assert_same(lambda t: F.dropout(t, 0.25), (x,), seed=3)
 
 
 def test_batched_matmul_reads_transposed_views_in_place():

@@ -1,25 +1,61 @@
 """The path you read is the path that runs: inside `with tinygrad_attn.reference_ops():`
-every fused function (and so every layer) runs its reference version of
+every fused op (and so every layer) runs its composite twin of
 tinygrad_attn/reference/composites.py, a composition of primitive ops, with the same
-results: a model trains the same, step for step, to rounding."""
+results: each fused op on its gradcheck cases, and a model, which trains the
+same, step for step, to rounding."""
 import sys
 import threading
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
-from tinygrad_attn import nn, optim
+from tinygrad_attn import nn, optim, warmup
 
 from .nn_helpers import ops_in_graph
+from .test_ops import CASES
 
-# Every fused op; the model below calls each of them.
-FUSED = {"LinearOp", "Softmax", "LogSoftmax", "LayerNormOp", "CrossEntropy", "DropoutOp",
-         "ScaledDotProductAttention", "PackedSelfAttention", "AttentionWeights", "Gelu"}
+# Every fused op: those with a composite twin (the model below calls each of them).
+FUSED = {name for name, op in tg.Function.registry.items() if op.composite is not None}
+# The ops with a kernel that the twins are built of: they have no twin.
+KERNEL_PRIMITIVES = {"MatMul", "Relu", "Erfc", "GetItem"}
+FUSED_CASE_IDS = [(name, i) for name in sorted(FUSED) for i in range(len(CASES.get(name, ())))]
 # Some of the primitive steps the reference versions are made of.
 PRIMITIVE = {"MatMul", "Exp", "Sum", "Div", "Log", "Sqrt", "Where", "Erfc", "Sigmoid", "Mul", "Permute"}
 VOCAB, D_MODEL = 11, 16
+
+
+def test_every_op_with_a_kernel_has_a_composite_twin_or_is_a_primitive():
+    """A new op with a kernel is picked up: it needs a twin, registered with
+    @composite_of in reference/composites.py, unless the twins are built of it."""
+    with_kernel = {op.__name__ for op in warmup.ops_with_kernels()}
+    assert len(FUSED) >= 10
+    assert with_kernel - KERNEL_PRIMITIVES == FUSED, \
+        f"ops with a kernel and no composite twin: {sorted(with_kernel - KERNEL_PRIMITIVES - FUSED)}"
+
+
+@pytest.mark.parametrize("name,i", FUSED_CASE_IDS, ids=[f"{n}-{i}" for n, i in FUSED_CASE_IDS])
+@given(data=st.data())
+def test_each_fused_op_equals_its_composite_twin(name, i, data):
+    """The op's gradcheck cases (tests/test_ops.py), fused and inside
+    reference_ops(): the fused graph holds the op, the reference graph
+    primitive ops only, with the same values and gradients (float64, 1e-10
+    on the scale of each array)."""
+    case = data.draw(CASES[name][i])
+    results = []
+    for reference in (False, True):
+        tensors = [tg.Tensor(a, requires_grad=True) for a in case.arrays]
+        with tg.reference_ops(reference):
+            out = case.fn(*tensors)
+        names = ops_in_graph(out)
+        assert not names & FUSED if reference else name in names, sorted(names)
+        out.backward(np.cos(np.arange(out.numel())).reshape(out.shape))
+        results.append([out.data] + [t.grad.data for t in tensors])
+    for fused, twin in zip(*results):
+        np.testing.assert_allclose(twin, fused, rtol=1e-10, atol=1e-10 * max(1.0, np.abs(fused).max(initial=0)))
 
 
 class Translator(nn.Module):

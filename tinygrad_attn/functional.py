@@ -2,20 +2,20 @@
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
 (linear, softmax, log_softmax, layer_norm, cross_entropy, attention,
-dropout, gelu) call fused ops backed by Numba kernels. Their reference
-versions, written step by step with primitive ops, are in
+dropout, gelu) call fused ops backed by Numba kernels. Each fused op has a
+composite twin, written step by step with primitive ops, in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
 the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
-(or under `@reference_ops()`, or after `set_reference_ops(True)`) these
-functions run the reference versions instead, so a whole model runs, and
-backpropagates, through the path you read. The fused ops' backward, in
-plain numpy: `tinygrad_attn.reference.numpy_backward`.
+(or under `@reference_ops()`, or after `set_reference_ops(True)`) every
+fused op runs its twin instead (the engine chooses: nothing here asks),
+so a whole model runs, and backpropagates, through the path you read. The
+fused ops' backward, in plain numpy: `tinygrad_attn.reference.numpy_backward`.
 """
 import warnings
 
 import numpy as np
 
-from .autograd import is_grad_enabled
+from .autograd import is_grad_enabled, no_grad
 from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
                             check_mask_dtype)
 from .ops.dropout import DropoutOp
@@ -23,8 +23,6 @@ from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
 from .ops.layer_norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
-from .reference import composites as R
-from .reference import is_reference_ops_enabled as _reference_ops
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
 
@@ -38,7 +36,7 @@ def relu(input, inplace=False):
 def gelu(input, *, approximate="none"):
     """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
     uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return input.gelu(approximate=approximate)  # Tensor.gelu runs the reference version when asked
+    return input.gelu(approximate=approximate)
 
 
 def sigmoid(input):
@@ -57,8 +55,6 @@ def linear(input, weight, bias=None):
     An integer input meets a float weight as in the arithmetic operators: it
     takes the weight's dtype (PyTorch raises; numpy would give float64)."""
     input, weight = _promote(input, weight)
-    if _reference_ops():
-        return R.linear(input, weight, None if bias is None else _promote(bias, weight)[0])
     if bias is None:
         return LinearOp.apply(input, weight)
     bias, weight = _promote(bias, weight)
@@ -130,7 +126,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
     applies (with its warning). `dtype` casts the input first."""
     dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
-    return R.softmax(input, dim) if _reference_ops() else Softmax.apply(input, axis=dim)
+    return Softmax.apply(input, axis=dim)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -138,7 +134,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
     `softmax`."""
     dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
-    return R.log_softmax(input, dim) if _reference_ops() else LogSoftmax.apply(input, axis=dim)
+    return LogSoftmax.apply(input, axis=dim)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -149,8 +145,6 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if k == 0 or input.shape[input.ndim - k:] != normalized_shape:
         raise ShapeError(f"layer_norm: input of shape {input.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
-    if _reference_ops():
-        return R.layer_norm(input, normalized_shape, weight, bias, eps)
     dtype = input.dtype if input.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
@@ -168,7 +162,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     _no_inplace("dropout", inplace)
     if not training or p == 0:
         return input
-    return R.dropout(input, p) if _reference_ops() else DropoutOp.apply(input, p=p)
+    return DropoutOp.apply(input, p=p)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -192,9 +186,6 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                                       + ("; use reduction=" if arg != "weight" else ""))
     logits = input
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
-    if _reference_ops():
-        return R.cross_entropy(logits, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                               reduction=reduction)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction)
 
@@ -234,23 +225,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     inputs = (query, key, value)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
-    if _reference_ops():
-        return R.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3] if attn_mask is not None else None,
-                                              dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                              need_weights=need_weights)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
                                                         dropout_p=dropout_p)
     if not need_weights:
         return out
-    weights = ctx.weights
     # The weights depend on query, key and the mask, not on value. (Select by
     # position, not by `t is not value`: in self-attention the same tensor is
     # all three, and the weights would silently lose their gradient.)
     qk_mask = (query, key) + inputs[3:]
-    if is_grad_enabled() and any(t.requires_grad for t in qk_mask):
-        return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
-                                           value_batch=value.shape[:-2])
-    return out, Tensor(weights)
+    weights = None if ctx is None else ctx.weights  # None under reference_ops(): AttentionWeights' twin computes P
+    if weights is not None and not (is_grad_enabled() and any(t.requires_grad for t in qk_mask)):
+        return out, Tensor(weights)
+    return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale, value_batch=value.shape[:-2],
+                                       is_causal=is_causal)
 
 
 def _repeat_kv_heads(query, kv):
@@ -291,10 +278,14 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     inputs = (qkv,)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
-    if _reference_ops():
-        return R.packed_self_attention(qkv, num_heads, attn_mask=inputs[1] if attn_mask is not None else None,
-                                       dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                       need_weights=need_weights)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
-    return (out, Tensor(ctx.weights)) if need_weights else out
+    if not need_weights:
+        return out
+    if ctx is not None:
+        return out, Tensor(ctx.weights)
+    with no_grad():  # under reference_ops() the twin keeps no weights: AttentionWeights' twin computes them
+        B, T, width = qkv.shape
+        split = qkv.reshape(B, T, 3, num_heads, width // (3 * num_heads))
+        q, k = (split[:, :, i].permute(0, 2, 1, 3) for i in range(2))
+        return out, AttentionWeights.apply(q, k, *inputs[1:], scale=scale, is_causal=is_causal)

@@ -181,11 +181,12 @@ class AttentionWeights(Function):
         dL/dQ = scale * dS K,   dL/dK = scale * dS^T Q,   dL/dM = dS (float mask)
 
     Readable version: tinygrad_attn.reference.numpy_backward.attention_backward
-    (its grad_weights= is this G).
+    (its grad_weights= is this G). `is_causal` is in P already (the
+    composite twin, which computes P, reads it).
     """
 
     @staticmethod
-    def forward(ctx, q, k, attn_mask=None, weights=None, scale=None, value_batch=()):
+    def forward(ctx, q, k, attn_mask=None, weights=None, scale=None, value_batch=(), is_causal=False):
         plan = _Plan("attention weights", q, k, None, attn_mask, value_batch)
         if weights is None or weights.shape != plan.batch + (plan.L, plan.S):
             raise ShapeError(f"attention weights: weights of shape "
