@@ -150,7 +150,8 @@ def test_no_two_modules_import_each_other():
 @pytest.mark.parametrize("planted,expected", [
     ({"tensor.py": "\ndef _twins():\n    from . import reference\n"},
      "reference/__init__.py -> reference/composites.py -> tensor.py -> reference/__init__.py"),
-    ({"ops/x.py": "from . import y\n", "ops/y.py": "def f():\n    from . import x\n"}, "ops/x.py -> ops/y.py -> ops/x.py"),
+    ({"ops/x.py": "from . import y\n", "ops/y.py": "def f():\n    from . import x\n"},
+     "ops/x.py -> ops/y.py -> ops/x.py"),
 ])
 def test_the_cycle_check_sees_circles_even_through_call_time_imports(tmp_path, monkeypatch, planted, expected):
     """Negative control: a planted circle (one import inside a function) is reported."""
