@@ -222,6 +222,16 @@ def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
             np.testing.assert_allclose(x, y, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
 
 
+def test_gemm_outside_numba_overwrites_c_when_beta_is_0():
+    """The plain-numpy body of gemm (what NUMBA_DISABLE_JIT=1 runs) does not
+    read C when beta = 0, as BLAS: an output from np.empty may hold NaN."""
+    from tinygrad_attn.kernels import blas
+    a, b = randn(2, 3), randn(3, 4)
+    c = np.full(8, np.nan)
+    blas.gemm(None, False, False, 2, 4, 3, 1.0, a.reshape(-1), 3, b.reshape(-1), 4, 0.0, c, 4)
+    np.testing.assert_allclose(c.reshape(2, 4), a @ b, rtol=1e-15)
+
+
 def test_blas_candidates_are_checked_before_use(monkeypatch):
     """A BLAS whose sgemm does not multiply correctly (another integer width)
     is not used: the next candidate, then scipy's, then (without scipy) the

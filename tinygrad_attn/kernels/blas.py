@@ -224,13 +224,14 @@ def _gemm_loops(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
 
 
 def gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """What the compiled version computes (this body only runs outside Numba)."""
+    """What the compiled version computes (this body only runs outside Numba).
+    beta == 0 overwrites C without reading it, as BLAS does (C may hold NaN)."""
     def matrix(x, rows, cols, ld):
         return np.lib.stride_tricks.as_strided(x, (rows, cols), (ld * x.itemsize, x.itemsize))
     op_a = matrix(a, k, m, lda).T if trans_a else matrix(a, m, k, lda)
     op_b = matrix(b, n, k, ldb).T if trans_b else matrix(b, k, n, ldb)
     out = matrix(c, m, n, ldc)
-    out[...] = alpha * (op_a @ op_b) + beta * out
+    out[...] = alpha * (op_a @ op_b) + (beta * out if beta else 0)
 
 
 @overload(gemm)
