@@ -204,7 +204,7 @@ def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
             monkeypatch.setattr(matmul, "library", lambda route=route: blas.library(route))
             out = np.empty((count, m, n), dtype)
             offsets = lambda x: np.arange(count, dtype=np.int64) * x[0].size
-            matmul.batched_matmul(a.reshape(-1), offsets(a), k, False, b.reshape(-1), offsets(b), b.shape[2],
+            matmul.batched_matmul((a.reshape(-1), offsets(a), k), False, (b.reshape(-1), offsets(b), b.shape[2]),
                                   trans_b, m, n, k, out, bias)
             tol = 1e-5 if dtype == np.float32 else 1e-12  # float32 sums of 9000 terms round
             np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * np.abs(expected).max())
@@ -664,7 +664,7 @@ opt.step()
 assert abs(losses[0] - losses[1]) < 1e-5, losses
 a, b = np.ones(6 * 4, np.float32), np.ones(4 * 3, np.float32)
 out, off = np.empty((1, 6, 3), np.float32), np.zeros(1, np.int64)
-matmul._matmul(blas.library("loops"), a, off, 4, False, b, off, 3, False, 6, 3, 4, 6, 4, np.zeros(0, np.float32),
+matmul._matmul(blas.library("loops"), (a, off, 4), False, (b, off, 3), False, 6, 3, 4, 6, 4, np.zeros(0, np.float32),
                out, 0, 1)
 assert np.all(out == 4) and blas.library_name("scipy's") == "loops"
 assert numpy_backward.gelu_forward(np.array([-1.0, 0.0, 2.0])).shape == (3,)
@@ -700,7 +700,7 @@ kernel = matmul._matmul
 a, b = np.ones(600 * 700, np.float32), np.ones(700 * 700, np.float32)
 out = np.empty((1, 600, 700), np.float32)
 off = np.zeros(1, np.int64)
-threads.parallel_for(spy, 4, fallback, a, off, 700, False, b, off, 700, False, 600, 700, 700, 150, 700,
+threads.parallel_for(spy, 4, fallback, (a, off, 700), False, (b, off, 700), False, 600, 700, 700, 150, 700,
                      np.zeros(0, np.float32), out, item_size=1 << 20, blas=True)
 assert len(seen) == 4 and set(seen) == {(1,) * len(local)}, seen
 assert np.allclose(out, 700)

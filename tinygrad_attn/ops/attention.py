@@ -105,8 +105,8 @@ def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
         key = draw_key() if seed is None else np.uint32(seed)
     weights = np.empty((plan.n, plan.L, plan.S), dtype)
     if plan.n and plan.L:
-        attention_forward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, plan.mask, plan.im, has_mask,
-                                  bool(is_causal), scale, key, threshold, keep_scale, weights, *plan.blas(out))
+        attention_forward(plan.q, plan.k, plan.v, plan.E, plan.Ev, (plan.mask, plan.im, has_mask), bool(is_causal),
+                          scale, (key, threshold, keep_scale), weights, plan.blas(out))
     ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
     ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
     ctx.save_for_backward(weights)
@@ -120,9 +120,9 @@ def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
     plan = ctx.plan
     dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
     if plan.n and plan.L:
-        attention_backward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, weights,
-                                   *plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, *ctx.dropout,
-                                   *plan.blas(dq), *plan.blas(dk), *plan.blas(dv), dmask, want_dmask)
+        attention_backward(plan.q, plan.k, plan.v, plan.E, plan.Ev, weights,
+                           plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, ctx.dropout,
+                           plan.blas(dq), plan.blas(dk), plan.blas(dv), (dmask, want_dmask))
     else:
         dk[...], dv[...] = 0, 0  # no query: nothing flows back
     return dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None

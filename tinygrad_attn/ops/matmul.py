@@ -41,7 +41,7 @@ def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype, bias=None):
     a and b are (buffer, offsets, row stride) triples from `as_matrices`;
     op transposes when flagged."""
     out = np.empty((math.prod(batch), m, n), dtype)
-    batched_matmul(*a, trans_a, *b, trans_b, m, n, k, out, bias)
+    batched_matmul(a, trans_a, b, trans_b, m, n, k, out, bias)
     return out.reshape(tuple(batch) + (m, n))
 
 
@@ -52,9 +52,9 @@ def product(a, b, bias=None):
     batch = () if a.ndim == b.ndim == 2 else broadcast_shapes("matmul (batch dimensions)", a.shape[:-2],
                                                                b.shape[:-2])
     *ma, ta = as_matrices(a, batch, allow_transposed=True)
-    *mb, tb = as_matrices(b, batch, allow_transposed=True)
+    *mb, tb = as_matrices(b, batch, allow_transposed=True)  # each a (buffer, offsets, row stride) triple
     (m, k), n = a.shape[-2:], b.shape[-1]
-    return stack_product(ma, ta, mb, tb, batch, m, n, k, np.result_type(a, b), bias)
+    return stack_product(tuple(ma), ta, tuple(mb), tb, batch, m, n, k, np.result_type(a, b), bias)
 
 
 def transposed(x):
