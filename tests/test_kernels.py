@@ -352,6 +352,69 @@ def test_attention_matches_pytorch():
         np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads", [(4, 2), (6, 3), (4, 1), (2, 2)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal"])
+def test_grouped_query_attention_matches_pytorch(heads, mask_kind):
+    """enable_gqa=True: output and gradients of Q, K, V as torch's, K and V
+    with fewer heads (one shared by each group of query heads)."""
+    torch = pytest.importorskip("torch")
+    hq, hkv = heads
+    q, k, v = randn(2, hq, 5, 4), randn(2, hkv, 6, 4), randn(2, hkv, 6, 3)
+    mask = {"none": None, "causal": None, "bool": rng.random((2, hq, 5, 6)) > 0.3, "float": randn(hq, 5, 6)}[mask_kind]
+    kw = dict(is_causal=mask_kind == "causal", enable_gqa=True)
+    g = randn(2, hq, 5, 3)
+    ts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *ts, attn_mask=None if mask is None else torch.tensor(mask), **kw)
+    expected.backward(torch.tensor(g))
+    ours = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, attn_mask=mask, **kw)
+    out.backward(g)
+    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for a, b in zip(ours, ts):
+        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
+    """The kernel's grouped-query attention is the repeat of the key/value heads
+    followed by ordinary attention (the path before it, and the composite
+    twin's): the same output, dropout mask and gradients, to rounding (the
+    sums over a group add in another order); K and V are read where they lie,
+    not copied, and dK, dV come back with Hkv heads."""
+    from tinygrad_attn.reference import repeat_kv_heads
+    q, k, v = randn(2, 6, 7, 4, dtype=dtype), randn(2, 2, 9, 4, dtype=dtype), randn(2, 2, 9, 5, dtype=dtype)
+    g = randn(2, 6, 7, 5, dtype=dtype)
+    results = []
+    for in_kernel in (True, False):
+        ts = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
+        tg.manual_seed(4)
+        if in_kernel:
+            out, ctx = tg.ops.attention.ScaledDotProductAttention.apply_with_ctx(
+                *ts, is_causal=True, dropout_p=0.3, enable_gqa=True)
+            assert ctx.plan.groups == 3 and all(np.shares_memory(a, t.data) for a, t in zip(ctx.plan.inputs, ts))
+        else:
+            out = F.scaled_dot_product_attention(ts[0], repeat_kv_heads(ts[0], ts[1]), repeat_kv_heads(ts[0], ts[2]),
+                                                 is_causal=True, dropout_p=0.3)
+        out.backward(g)
+        results.append([out.data] + [t.grad.data for t in ts])
+    assert results[0][2].shape == k.shape and results[0][3].shape == v.shape
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for a, b in zip(*results):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_grouped_query_attention_refuses_heads_that_do_not_divide():
+    t = lambda *shape: tg.Tensor(np.ones(shape))
+    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*query heads 4.*\(2, 4, 3, 2\).*\(2, 3, 5, 2\)"):
+        F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, 3, 5, 2), t(2, 3, 5, 2), enable_gqa=True)
+    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*value \(2, 1, 5, 2\)"):
+        F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, 2, 5, 2), t(2, 1, 5, 2), enable_gqa=True)
+    with pytest.raises(tg.ShapeError, match="enable_gqa needs heads on axis -3"):
+        F.scaled_dot_product_attention(t(3, 2), t(5, 2), t(5, 2), enable_gqa=True)
+
+
 def test_cross_entropy_and_layer_norm_match_pytorch():
     torch = pytest.importorskip("torch")
     x, t = randn(4, 6, 3), rng.integers(0, 6, (4, 3))

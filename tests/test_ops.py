@@ -28,7 +28,8 @@ from tinygrad_attn.ops.dropout import DropoutOp
 from tinygrad_attn.reference import numpy_backward as nb
 
 from . import references as ref
-from .strategies import arrays, attention_inputs, broadcast_shapes, packed_attention_inputs, shapes
+from .strategies import (arrays, attention_inputs, broadcast_shapes, gqa_attention_inputs,
+                         packed_attention_inputs, shapes)
 
 
 class Case(NamedTuple):
@@ -321,6 +322,32 @@ def attention_case(draw):
 
 
 @st.composite
+def gqa_attention_case(draw):
+    """Grouped-query attention: each key/value head shared by a group of query heads."""
+    q, k, v, mask, causal, scale = draw(gqa_attention_inputs())
+    p = draw(st.sampled_from([0.0, 0.0, 0.4]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    op = tg.ops.attention.ScaledDotProductAttention
+    kw = dict(is_causal=causal, scale=scale, dropout_p=p, seed=seed, enable_gqa=True)
+
+    def keep(q, k, v, m):  # the weights' dropout mask: one per query head
+        groups = q.shape[-3] // k.shape[-3]
+        return ref.attention_keep(q, np.repeat(k, groups, -3), np.repeat(v, groups, -3), m, p, seed)
+
+    def reference(q, k, v, m=mask):
+        return nb.attention_forward(q, k, v, m, causal, scale, keep(q, k, v, m), p, enable_gqa=True)[0]
+
+    def backward(q, k, v, *rest):
+        m, g = (rest[0], rest[1]) if len(rest) > 1 else (mask, rest[0])
+        dq, dk, dv, dm = nb.attention_backward(q, k, v, g, m, causal, scale, keep(q, k, v, m), p, enable_gqa=True)
+        return [dq, dk, dv] + ([dm] if len(rest) > 1 else [])
+    if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
+        return Case(lambda q, k, v, m: op.apply(q, k, v, m, **kw), reference, (q, k, v, mask), backward=backward)
+    extra = () if mask is None else (tg.Tensor(mask),)
+    return Case(lambda q, k, v: op.apply(q, k, v, *extra, **kw), reference, (q, k, v), backward=backward)
+
+
+@st.composite
 def attention_weights_case(draw):
     q, k, v, mask, causal, scale = draw(attention_inputs())
     causal = causal and mask is None  # F, as PyTorch, refuses an attn_mask with is_causal
@@ -425,7 +452,7 @@ CASES = {
     "LayerNormOp": [layer_norm_case()],
     "DropoutOp": [dropout_case()],
     "CrossEntropy": [cross_entropy_case()],
-    "ScaledDotProductAttention": [attention_case()],
+    "ScaledDotProductAttention": [attention_case(), gqa_attention_case()],
     "AttentionWeights": [attention_weights_case()],
     "PackedSelfAttention": [packed_self_attention_case()],
 }

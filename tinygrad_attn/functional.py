@@ -23,6 +23,7 @@ from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
 from .ops.layer_norm import LayerNormOp
 from .ops.softmax import LogSoftmax, Softmax
+from .reference.composites import repeat_kv_heads
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
 
@@ -210,8 +211,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     As in PyTorch, is_causal=True with an attn_mask raises, and
     enable_gqa=True lets key and value have fewer heads (axis -3) than the
-    query, each shared by num_heads_q / num_heads_kv consecutive query heads.
-    `need_weights` (keyword-only) is our extension.
+    query, each shared by num_heads_q / num_heads_kv consecutive query heads
+    (grouped-query attention: the kernel reads each shared head in place and
+    sums its gradient over its group; need_weights' gradient path repeats
+    the key instead). `need_weights` (keyword-only) is our extension.
 
     A query that may attend to no key (its mask row all False / -inf) gets
     zero weights, an output of 0 and no gradient. PyTorch's math path gives
@@ -220,42 +223,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask should not be set "
                            "when is_causal=True (as in PyTorch)")
-    if enable_gqa:
-        key, value = _repeat_kv_heads(query, key), _repeat_kv_heads(query, value)
     inputs = (query, key, value)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
-                                                        dropout_p=dropout_p)
+                                                        dropout_p=dropout_p, enable_gqa=enable_gqa)
     if not need_weights:
         return out
     # The weights depend on query, key and the mask, not on value. (Select by
     # position, not by `t is not value`: in self-attention the same tensor is
     # all three, and the weights would silently lose their gradient.)
-    qk_mask = (query, key) + inputs[3:]
+    qk_mask = (query, repeat_kv_heads(query, key) if enable_gqa else key) + inputs[3:]
     weights = None if ctx is None else ctx.weights  # None under reference_ops(): AttentionWeights' twin computes P
     if weights is not None and not (is_grad_enabled() and any(t.requires_grad for t in qk_mask)):
         return out, Tensor(weights)
     return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale, value_batch=value.shape[:-2],
                                        is_causal=is_causal)
-
-
-def _repeat_kv_heads(query, kv):
-    """Grouped-query attention: repeat each key/value head (axis -3) so that
-    kv has as many heads as the query (PyTorch's repeat_interleave)."""
-    if query.ndim < 3 or kv.ndim < 3:
-        raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs heads on axis -3, got "
-                         f"query {query.shape} and key/value {kv.shape}")
-    hq, hkv = query.shape[-3], kv.shape[-3]
-    if hq == hkv:
-        return kv
-    if hq % hkv:
-        raise ShapeError(f"scaled_dot_product_attention: with enable_gqa the number of query "
-                         f"heads {hq} must be a multiple of the key/value heads {hkv} "
-                         f"(query {query.shape}, key/value {kv.shape})")
-    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
-    repeated = kv.unsqueeze(-3).expand(lead + (hkv, hq // hkv, S, E))
-    return repeated.reshape(lead + (hq, S, E))
 
 
 def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -28,6 +28,18 @@ axes are repeated offsets (their gradients are written per batch index and
 summed by the caller). P is a C-ordered (n, L, S) array. The dropout mask
 is regenerated from (key, element index of P), the same stream
 `dropout_apply` would use on P.
+
+Grouped-query attention: `groups` consecutive query matrices share one
+key/value matrix (query matrix i reads K_j, V_j with j = i // groups;
+groups = 1 is ordinary attention), read in place, never copied. Their
+gradients are sums over the group,
+
+    dK_j = sum over i in group j of scale * dS_i^T Q_i,   dV_j = sum of (P_i * D_i)^T G_i
+
+so backward hands each thread whole groups: the first query of a group
+writes dK_j and dV_j (BLAS with beta = 0), the others add to them (beta
+= 1), always in the same order, so the sums are bit-identical whatever
+the number of threads.
 """
 import numpy as np
 
@@ -45,8 +57,9 @@ from .threads import parallel_for
 # exp of one difference, which `exp` computes with its own flags).
 
 @kernel(fastmath=SUM_FASTMATH)
-def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, weights, out, start, stop):
-    """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev).
+def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights, out, start, stop):
+    """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev),
+    with K, V the key/value matrix j = i // groups.
 
     q, k, v, out: (buffer, offsets, row stride) of each stack of matrices;
     mask: (additive masks, the mask of each batch index, whether there is
@@ -64,9 +77,9 @@ def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, weigh
     minus_inf = weights.dtype.type(-np.inf)  # not -np.inf: a float64 m would make the exps float64
     dropped = np.empty((L, S), weights.dtype)  # this thread's buffer for P * D
     for i in range(start, stop):
-        p = weights[i]
+        p, j = weights[i], i // groups
         # P = scale Q K^T, written into P's own memory
-        gemm(blas, False, True, L, S, E, scale, q_mem[q_off[i]:], q_ld, k_mem[k_off[i]:], k_ld, zero, p.reshape(-1), S)
+        gemm(blas, False, True, L, S, E, scale, q_mem[q_off[i]:], q_ld, k_mem[k_off[j]:], k_ld, zero, p.reshape(-1), S)
         m_i = masks[mask_of[i]]
         for r in range(L):  # P = softmax(P + mask) row by row; rows with no key left become 0
             row = p[r]
@@ -99,13 +112,16 @@ def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, weigh
                     dropped[r, c] = p[r, c] * (keep_scale if keep else zero)
             p_times_d = dropped
         # O = (P * D) V
-        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v_mem[v_off[i]:], v_ld,
+        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v_mem[v_off[j]:], v_ld,
              zero, out_mem[out_off[i]:], out_ld)
 
 
 @kernel(fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
-def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, dq, dk, dv, dscores, start, stop):
-    """For batch indices [start, stop): dQ_i, dK_i, dV_i and, if asked, dL/d masked scores.
+def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, groups, dq, dk, dv, dscores,
+                        start, stop):
+    """For key/value matrices j in [start, stop): dK_j and dV_j, summed over the
+    query matrices i of group j (i = j * groups, ..., j * groups + groups - 1,
+    in that order), and each one's dQ_i and, if asked, dL/d masked scores.
 
     q, k, v, grad (= dL/dO), dq, dk, dv: (buffer, offsets, row stride) of
     each stack; dropout as in forward; dscores: ((n, L, S) array, whether
@@ -124,39 +140,42 @@ def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, dq,
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
     dp = np.empty((L, S), weights.dtype)  # this thread's own buffers
     dropped = np.empty((L, S), weights.dtype)
-    for i in range(start, stop):
-        p = weights[i]
-        # dP = G V^T
-        gemm(blas, False, True, L, S, Ev, one, g_mem[g_off[i]:], g_ld, v_mem[v_off[i]:], v_ld, zero, dp.reshape(-1), S)
-        p_times_d = p
-        if keep_scale != 1:  # dP = (G V^T) * D, and P * D for dV
-            base = i * L * S
-            for r in range(L):
+    for j in range(start, stop):
+        for i in range(j * groups, (j + 1) * groups):
+            p = weights[i]
+            added = zero if i == j * groups else one  # dK_j, dV_j: the first query writes, the others add
+            # dP = G V^T
+            gemm(blas, False, True, L, S, Ev, one, g_mem[g_off[i]:], g_ld, v_mem[v_off[j]:], v_ld,
+                 zero, dp.reshape(-1), S)
+            p_times_d = p
+            if keep_scale != 1:  # dP = (G V^T) * D, and P * D for dV
+                base = i * L * S
+                for r in range(L):
+                    for c in range(S):
+                        factor = keep_scale if uniform_bits(key, base + r * S + c) >= threshold else zero
+                        dropped[r, c] = p[r, c] * factor
+                        dp[r, c] *= factor
+                p_times_d = dropped
+            # dV = (P * D)^T G  (+ dV of the group's queries before)
+            gemm(blas, True, False, S, Ev, L, one, p_times_d.reshape(-1), S, g_mem[g_off[i]:], g_ld,
+                 added, dv_mem[dv_off[j]:], dv_ld)
+            for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
+                pr, dr = p[r], dp[r]
+                s = zero
                 for c in range(S):
-                    factor = keep_scale if uniform_bits(key, base + r * S + c) >= threshold else zero
-                    dropped[r, c] = p[r, c] * factor
-                    dp[r, c] *= factor
-            p_times_d = dropped
-        # dV = (P * D)^T G
-        gemm(blas, True, False, S, Ev, L, one, p_times_d.reshape(-1), S, g_mem[g_off[i]:], g_ld,
-             zero, dv_mem[dv_off[i]:], dv_ld)
-        for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
-            pr, dr = p[r], dp[r]
-            s = zero
-            for c in range(S):
-                s += pr[c] * dr[c]
-            for c in range(S):
-                dr[c] = pr[c] * (dr[c] - s)
-            if want_dscores:
-                ds = scores_out[i, r]
-                for c in range(S):  # an explicit loop: array assignment compiles slowly
-                    ds[c] = dr[c]
-        # dQ = scale dS K
-        gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k_mem[k_off[i]:], k_ld,
-             zero, dq_mem[dq_off[i]:], dq_ld)
-        # dK = scale dS^T Q
-        gemm(blas, True, False, S, E, L, scale, dp.reshape(-1), S, q_mem[q_off[i]:], q_ld,
-             zero, dk_mem[dk_off[i]:], dk_ld)
+                    s += pr[c] * dr[c]
+                for c in range(S):
+                    dr[c] = pr[c] * (dr[c] - s)
+                if want_dscores:
+                    ds = scores_out[i, r]
+                    for c in range(S):  # an explicit loop: array assignment compiles slowly
+                        ds[c] = dr[c]
+            # dQ = scale dS K
+            gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k_mem[k_off[j]:], k_ld,
+                 zero, dq_mem[dq_off[i]:], dq_ld)
+            # dK = scale dS^T Q  (+ dK of the group's queries before)
+            gemm(blas, True, False, S, E, L, scale, dp.reshape(-1), S, q_mem[q_off[i]:], q_ld,
+                 added, dk_mem[dk_off[j]:], dk_ld)
 
 
 def _item_size(L, S, E, Ev, directions):
@@ -164,17 +183,18 @@ def _item_size(L, S, E, Ev, directions):
     return L * S * (E + Ev) * directions // MACS_PER_ELEMENT + L * S
 
 
-def attention_forward(q, k, v, E, Ev, mask, causal, scale, dropout, weights, out):
-    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_i for every batch index i (see above);
-    the arguments are those of `_attention_forward`."""
+def attention_forward(q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights, out):
+    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_j, j = i // groups, for every batch
+    index i (see above); the arguments are those of `_attention_forward`."""
     n, L, S = weights.shape
-    parallel_for(_attention_forward, n, library(), q, k, v, E, Ev, mask, causal, scale, dropout, weights, out,
-                 item_size=_item_size(L, S, E, Ev, 1), blas=True)
+    parallel_for(_attention_forward, n, library(), q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights,
+                 out, item_size=_item_size(L, S, E, Ev, 1), blas=True)
 
 
-def attention_backward(q, k, v, E, Ev, weights, grad, scale, dropout, dq, dk, dv, dscores):
-    """dQ_i, dK_i, dV_i (and dL/d masked scores if asked) for every batch index i;
-    the arguments are those of `_attention_backward`."""
+def attention_backward(q, k, v, E, Ev, weights, grad, scale, dropout, groups, dq, dk, dv, dscores):
+    """dQ_i (and dL/d masked scores if asked) for every batch index i, and dK_j, dV_j
+    for every key/value matrix j, summed over its group; the arguments are those of
+    `_attention_backward`. One thread does a whole group, in order: deterministic."""
     n, L, S = weights.shape
-    parallel_for(_attention_backward, n, library(), q, k, v, E, Ev, weights, grad, scale, dropout, dq, dk, dv,
-                 dscores, item_size=_item_size(L, S, E, Ev, 2), blas=True)
+    parallel_for(_attention_backward, n // groups, library(), q, k, v, E, Ev, weights, grad, scale, dropout, groups,
+                 dq, dk, dv, dscores, item_size=groups * _item_size(L, S, E, Ev, 2), blas=True)

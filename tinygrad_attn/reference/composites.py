@@ -22,7 +22,7 @@ import numpy as np
 
 from ..autograd import composite_of
 from ..kernels.random_bits import uniform_bits_numpy
-from ..ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention
+from ..ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention, gqa_groups
 from ..ops.cross_entropy import CrossEntropy
 from ..ops.dropout import DropoutOp, draw_key, keep_rule
 from ..ops.elementwise import Gelu
@@ -170,17 +170,34 @@ def _check_fit(query, key, value):
                          f"key[-2] == value[-2])")
 
 
+def repeat_kv_heads(query, kv):
+    """Grouped-query attention: kv (..., Hkv, S, E) with each head repeated for
+    the Hq / Hkv consecutive query heads that share it (query head h reads kv
+    head h // (Hq / Hkv), as torch's repeat_interleave on axis -3). The
+    backward of the repeat sums the group's gradients into the shared head."""
+    hq, hkv = query.shape[-3], kv.shape[-3]
+    if hq == hkv:
+        return kv
+    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
+    return kv.unsqueeze(-3).expand(lead + (hkv, hq // hkv, S, E)).reshape(lead + (hq, S, E))
+
+
 @composite_of(ScaledDotProductAttention)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0,
-                                 seed=None):
+                                 seed=None, enable_gqa=False):
     """(P * D) V with P = softmax(Q K^T * scale + mask), batched over all leading axes.
 
     Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
     1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
     boolean mask is True where a query MAY attend, a float mask is added to
     the scores. `is_causal` lets query i see keys j <= i. D: dropout of
-    the weights with probability dropout_p (key `seed`, or drawn).
+    the weights with probability dropout_p (key `seed`, or drawn). With
+    enable_gqa, key and value have fewer heads (axis -3) than the query:
+    each is repeated for its group of query heads first.
     """
+    if enable_gqa:
+        gqa_groups("scaled_dot_product_attention", query.shape, key.shape, value.shape)
+        key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
     _check_fit(query, key, value)
     weights = _weights(query, key, attn_mask, is_causal, scale)
     if dropout_p == 0:
