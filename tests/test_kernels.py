@@ -666,6 +666,31 @@ def test_relu_kernel_matches_numpy_and_torch_in_float32_and_float64():
     assert ints.data.tolist() == [0, 0, 3]
 
 
+def test_silu_kernel_matches_torch_in_float32_and_float64():
+    """Forward x * sigmoid(x) and backward s + x s (1 - s) as torch's silu,
+    over both tails (sigmoid from exp(-|x|): nothing overflows, tiny values
+    keep their digits) and at -0.0, NaN and +-inf (NaN where torch gives NaN)."""
+    import torch
+    x = np.concatenate([[-0.0, 0.0, np.nan, -np.inf, np.inf, 1e-30, -1e-30, -90.0, -700.0, 90.0, 700.0],
+                        np.linspace(-30, 30, 6001), randn(100000, scale=4)])
+    g = randn(x.size)
+    for dtype, rtol in ((np.float32, 3e-6), (np.float64, 1e-13)):
+        t = tg.Tensor(x.astype(dtype), requires_grad=True)
+        out = F.silu(t)
+        out.backward(g.astype(dtype))
+        tt = torch.tensor(x.astype(dtype), requires_grad=True)
+        expected = torch.nn.functional.silu(tt)
+        expected.backward(torch.tensor(g.astype(dtype)))
+        assert out.dtype == dtype and t.grad.dtype == dtype
+        tiny = np.finfo(dtype).tiny  # torch flushes what falls below it (float32's exp of -90)
+        np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=rtol, atol=tiny)
+        # near x = -1.28, where silu' = 0, s + x s (1 - s) cancels: a few ulps of g there
+        np.testing.assert_allclose(t.grad.data, tt.grad.numpy(), rtol=rtol,
+                                   atol=4 * np.finfo(dtype).eps * np.abs(g).max())
+    with pytest.raises(TypeError, match="silu: expected float32 or float64"):
+        F.silu(tg.Tensor(np.arange(3)))
+
+
 def test_erfc_kernel_matches_scipy_in_float32_and_float64():
     """libm's erfc: float32 rounded once from float64, bit-equal to scipy's
     float32 erfc; float64 within a few ulps of scipy's (cephes), tails and

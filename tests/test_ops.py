@@ -426,6 +426,8 @@ CASES = {
                    backward=lambda a, g: [nb.gelu_backward(a, g)], low=-4.0, high=4.0),
              unary(lambda t: t.gelu(approximate="tanh"), _gelu_tanh,
                    backward=lambda a, g: [nb.gelu_backward(a, g, "tanh")], low=-4.0, high=4.0)],
+    "Silu": [unary(lambda t: F.silu(t), lambda a: a / (1 + np.exp(-a)),
+                   backward=lambda a, g: [nb.silu_backward(a, g)], low=-4.0, high=4.0)],
     "Abs": [unary(lambda t: t.abs(), np.abs, away_from=[0])],
     "Clip": [clip_case()],
     "Maximum": [maximum_case(lambda a, b: a.maximum(b), np.maximum)],

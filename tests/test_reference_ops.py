@@ -60,7 +60,7 @@ def test_each_fused_op_equals_its_composite_twin(name, i, data):
 
 class Translator(nn.Module):
     """A 1-layer encoder-decoder Transformer on tokens (exact GELU, dropout),
-    a cross-attention probe that returns its weights, a tanh-GELU head."""
+    a cross-attention probe that returns its weights, a tanh-GELU and SiLU head."""
 
     def __init__(self):
         super().__init__()
@@ -76,7 +76,7 @@ class Translator(nn.Module):
         out = self.transformer(s, t, tgt_mask=causal, src_key_padding_mask=padding,
                                memory_key_padding_mask=padding, tgt_is_causal=True)
         seen, weights = self.probe(out, s, s, key_padding_mask=padding)  # need_weights: the weights op
-        return self.head(F.gelu(out + seen, approximate="tanh")), weights
+        return self.head(F.silu(F.gelu(out + seen, approximate="tanh"))), weights
 
 
 def loss_of(model, batch):

@@ -2,7 +2,7 @@
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
 (linear, softmax, log_softmax, layer_norm, cross_entropy, attention,
-dropout, gelu) call fused ops backed by Numba kernels. Each fused op has a
+dropout, gelu, silu) call fused ops backed by Numba kernels. Each fused op has a
 composite twin, written step by step with primitive ops, in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
 the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
@@ -38,6 +38,13 @@ def gelu(input, *, approximate="none"):
     """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
     uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     return input.gelu(approximate=approximate)
+
+
+def silu(input, inplace=False):
+    """input * sigmoid(input), elementwise (SiLU, or swish; one fused kernel).
+    inplace=True is not implemented."""
+    _no_inplace("silu", inplace)
+    return input.silu()
 
 
 def sigmoid(input):

@@ -618,6 +618,11 @@ class Tensor:
         the tanh approximation). Not a torch.Tensor method: torch has F.gelu."""
         return E.Gelu.apply(self, approximate=approximate)
 
+    def silu(self):
+        """self * sigmoid(self), elementwise (SiLU, or swish). Not a torch.Tensor
+        method: torch has F.silu."""
+        return E.Silu.apply(self)
+
     def abs(self):
         """|self|, elementwise (also the built-in abs(x))."""
         return E.Abs.apply(self)

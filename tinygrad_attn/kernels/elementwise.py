@@ -1,6 +1,7 @@
-"""GELU and ReLU, forward and backward, one vectorized pass each.
+"""GELU, SiLU and ReLU, forward and backward, one vectorized pass each.
 
     relu:   y = max(x, 0),   dy/dx = 1 where y > 0, else 0
+    silu:   y = x s,  s = sigmoid(x) = 1 / (1 + e^-x),   dy/dx = s + x s (1 - s)
 
     exact:  y = x Phi(x),   Phi(x) = (1 + erf(x / sqrt 2)) / 2  (the normal CDF)
             dy/dx = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
@@ -20,6 +21,9 @@ Written so that nothing cancels for negative x, where y is tiny:
   runs agree with PyTorch to 1e-15.
 - (1 + tanh u)/2 is the logistic s = 1 / (1 + exp(-2u)), and
   1 - tanh^2 u = 4 s (1 - s).
+- SiLU's sigmoid comes from e = exp(-|x|), which never overflows: s =
+  1 / (1 + e) for x >= 0, e / (1 + e) for x < 0, and s (1 - s) = e / (1 + e)^2,
+  both with full relative precision in either tail (as the Sigmoid op).
 
 error_model="numpy": a float division then follows IEEE (x/0 = inf) instead
 of Python (ZeroDivisionError); the check Python's rule needs in front of
@@ -111,6 +115,41 @@ def gelu_forward(x, approximate, out):
 def gelu_backward(x, grad, approximate, dx):
     """dx = grad * gelu'(x) for 1-D arrays."""
     parallel_for(_gelu_backward, x.shape[0], x, grad, approximate, dx)
+
+
+@kernel(fastmath=KERNEL_FASTMATH, error_model="numpy")
+def _silu_forward(x, out, start, stop):
+    """out[i] = x[i] * sigmoid(x[i]) for i in [start, stop) (1-D arrays)."""
+    zero, one = x.dtype.type(0), x.dtype.type(1)
+    xs, outs = x[start:stop], out[start:stop]
+    for j in range(xs.shape[0]):
+        v = xs[j]
+        e = exp(-abs(v))
+        inv = one / (one + e)
+        outs[j] = v * (inv if v >= zero else e * inv)
+
+
+@kernel(fastmath=KERNEL_FASTMATH, error_model="numpy")
+def _silu_backward(x, grad, dx, start, stop):
+    """dx[i] = grad[i] * (s + x s (1 - s)), s = sigmoid(x[i]), for i in [start, stop) (1-D arrays)."""
+    zero, one = x.dtype.type(0), x.dtype.type(1)
+    xs, gs, dxs = x[start:stop], grad[start:stop], dx[start:stop]
+    for j in range(xs.shape[0]):
+        v = xs[j]
+        e = exp(-abs(v))
+        inv = one / (one + e)
+        s = inv if v >= zero else e * inv
+        dxs[j] = gs[j] * (s + v * (e * inv * inv))  # s (1 - s) = e / (1 + e)^2
+
+
+def silu_forward(x, out):
+    """out = x * sigmoid(x) for 1-D x."""
+    parallel_for(_silu_forward, x.shape[0], x, out)
+
+
+def silu_backward(x, grad, dx):
+    """dx = grad * silu'(x) for 1-D arrays."""
+    parallel_for(_silu_backward, x.shape[0], x, grad, dx)
 
 
 @kernel

@@ -11,7 +11,7 @@ See docs/nn.md.
 from .. import functional  # noqa: F401  (nn.functional, as in torch.nn.functional)
 from . import init  # noqa: F401
 from .attention import MultiHeadAttention, MultiheadAttention
-from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU
+from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, SiLU
 from .module import (IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential,
                      StateDictError)
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_table
@@ -21,7 +21,7 @@ from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLay
 __all__ = [
     "Module", "Parameter", "ModuleList", "ModuleDict", "Sequential", "StateDictError",
     "IncompatibleKeys", "init", "functional",
-    "Identity", "Linear", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU",
+    "Identity", "Linear", "Embedding", "LayerNorm", "Dropout", "ReLU", "SiLU", "GELU",
     "MultiHeadAttention", "MultiheadAttention", "PositionalEncoding", "LearnedPositionalEmbedding",
     "sinusoidal_table", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
     "TransformerDecoder", "Transformer",

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import broadcast_shapes
-from ..kernels.elementwise import erfc, gelu_backward, gelu_forward, relu_backward, relu_forward
+from ..kernels.elementwise import (erfc, gelu_backward, gelu_forward, relu_backward, relu_forward,
+                                   silu_backward, silu_forward)
 from .array_views import float_dtype, random_array
 
 
@@ -328,6 +329,40 @@ class Gelu(Function):
     @staticmethod
     def example(dtype, size):
         return (random_array(dtype, size),), dict(approximate="none")
+
+
+class Silu(Function):
+    """SiLU (swish), z = x * sigmoid(x).
+
+    dz/dx = s + x s (1 - s),   s = sigmoid(x) = 1 / (1 + e^-x)
+
+    (the product rule: sigmoid's own derivative is s (1 - s)). Why a kernel
+    (kernels/elementwise.py): one vectorized pass each way, where numpy makes
+    a temporary and a pass over memory per term; s comes from e^-|x| there,
+    as in Sigmoid, so nothing overflows and both tails keep their digits.
+    Readable version: tinygrad_attn.reference.numpy_backward.silu_backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        float_dtype("silu", x)
+        flat = np.ascontiguousarray(x).reshape(-1)
+        out = np.empty_like(flat)
+        silu_forward(flat, out)
+        ctx.save_for_backward(flat)
+        return out.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        flat, = ctx.saved_tensors
+        g = np.ascontiguousarray(grad, dtype=flat.dtype).reshape(-1)
+        dx = np.empty_like(flat)
+        silu_backward(flat, g, dx)
+        return dx.reshape(grad.shape)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, size),), {}
 
 
 class Abs(Function):

@@ -12,4 +12,4 @@ named after its op and taking what the op's `apply` takes.
 """
 from .composites import (attention_weights, cross_entropy, dropout, gelu, layer_norm, linear,  # noqa: F401
                          log_softmax, packed_self_attention, repeat_kv_heads, scaled_dot_product_attention,
-                         softmax)
+                         silu, softmax)

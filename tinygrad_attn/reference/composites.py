@@ -25,7 +25,7 @@ from ..kernels.random_bits import uniform_bits_numpy
 from ..ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention, gqa_groups
 from ..ops.cross_entropy import CrossEntropy
 from ..ops.dropout import DropoutOp, draw_key, keep_rule
-from ..ops.elementwise import Gelu
+from ..ops.elementwise import Gelu, Silu
 from ..ops.layer_norm import LayerNormOp
 from ..ops.matmul import LinearOp
 from ..ops.softmax import LogSoftmax, Softmax
@@ -234,6 +234,12 @@ def gelu(x, approximate="none"):
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return x * ((x * -(1 / math.sqrt(2))).erfc() * 0.5)
+
+
+@composite_of(Silu)
+def silu(x):
+    """x * sigmoid(x): the product of two primitive ops, whose backward the engine chains."""
+    return x * x.sigmoid()
 
 
 @composite_of(PackedSelfAttention)

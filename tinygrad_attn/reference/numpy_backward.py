@@ -2,7 +2,7 @@
 
 The fused ops (LinearOp, Softmax, LogSoftmax, LayerNormOp, CrossEntropy,
 DropoutOp, ScaledDotProductAttention, AttentionWeights, PackedSelfAttention,
-Gelu) run Numba kernels: fast, but loops over rows and blocks that hide the
+Gelu, Silu) run Numba kernels: fast, but loops over rows and blocks that hide the
 math. Here each one's backward is a few lines of numpy, the derivative in
 its docstring and the forward beside it, to read next to the op (and next to
 docs/backprop_through_attention.md). tests/test_numpy_backward.py checks
@@ -377,6 +377,29 @@ def gelu_backward(x, grad, approximate="none"):
         th = np.tanh(_C * (x + 0.044715 * x ** 3))
         return grad * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * _C * (1 + 3 * 0.044715 * x * x))
     return grad * (0.5 * erfc(-x / math.sqrt(2)) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+
+
+# ---------------------------------------------------------------- SiLU
+
+def _sigmoid(x):
+    """1 / (1 + e^-x), written (1 + tanh(x / 2)) / 2: the same number, and no exp to overflow."""
+    return 0.5 * (1 + np.tanh(0.5 * x))
+
+
+def silu_forward(x):
+    """x * sigmoid(x)."""
+    return x * _sigmoid(x)
+
+
+def silu_backward(x, grad):
+    """dL/dx = g * silu'(x), by the product rule with sigmoid' = s (1 - s):
+
+        d/dx x s(x) = s + x s (1 - s),   s = sigmoid(x)
+
+    (The fused op: tinygrad_attn.ops.elementwise.Silu.)
+    """
+    s = _sigmoid(x)
+    return grad * (s + x * s * (1 - s))
 
 
 # ---------------------------------------------------------------- embedding
