@@ -125,7 +125,7 @@ def max_relative_difference(a, b):
 def test_a_model_trains_the_same_through_the_reference_ops():
     """Three Adam steps of an encoder-decoder with masks and dropout, fused and
     reference, from the same seed: the same loss and gradients at every step
-    (float64; measured 1e-16 and 2e-15), the same dropout masks, and the
+    (float64; measured 2e-16 and 3e-15), the same dropout masks, and the
     reference graph holds primitive ops only.
 
     (The parameters themselves are not compared: the gradient of the key
