@@ -405,6 +405,17 @@ def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+def test_grouped_query_attention_weights_fused_and_through_the_twins():
+    """need_weights=True with enable_gqa: the weights, one (L, S) matrix per
+    query head, and every gradient through output and weights, fused and
+    inside reference_ops() (the composite twins)."""
+    def fn(q, k, v):
+        out, weights = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, need_weights=True)
+        assert weights.shape == (2, 4, 5, 6)
+        return out, weights
+    assert_same(fn, (randn(2, 4, 5, 3), randn(2, 2, 6, 3), randn(2, 2, 6, 2)))
+
+
 def test_grouped_query_attention_refuses_heads_that_do_not_divide():
     t = lambda *shape: tg.Tensor(np.ones(shape))
     with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*query heads 4.*\(2, 4, 3, 2\).*\(2, 3, 5, 2\)"):

@@ -244,7 +244,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     weights = None if ctx is None else ctx.weights  # None under reference_ops(): AttentionWeights' twin computes P
     if weights is not None and not (is_grad_enabled() and any(t.requires_grad for t in qk_mask)):
         return out, Tensor(weights)
-    return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale, value_batch=value.shape[:-2],
+    value_batch = value.shape[:-3] + query.shape[-3:-2] if enable_gqa else value.shape[:-2]  # heads as the query's
+    return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale, value_batch=value_batch,
                                        is_causal=is_causal)
 
 
