@@ -107,6 +107,17 @@ def dropout_ok(x, y, p):
     return bool(np.allclose(y[kept], x[kept] / (1 - p), rtol=1e-6) and abs(kept.mean() - (1 - p)) < 0.01)
 
 
+def np_silu(x):
+    def fwd():
+        return x / (1 + np.exp(-x))
+
+    def fwd_bwd():
+        s = 1 / (1 + np.exp(-x))
+        return G * (s + x * s * (1 - s))
+    G = np.ones_like(x)
+    return fwd, fwd_bwd
+
+
 def np_attention(q, k, v, causal):
     scale = 1 / math.sqrt(q.shape[-1])
     L, S = q.shape[-2], k.shape[-2]

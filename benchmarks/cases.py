@@ -64,11 +64,27 @@ KERNELS = {
     "cross_entropy": ("cross_entropy", f"({_B * _T},{_V})", [("f", (_B * _T, _V), 1.0), ("i", (_B * _T,), _V)],
                       (True, False)),
     "dropout": ("dropout p=0.1", f"({_B},{_T},{_FF})", [("f", (_B, _T, _FF), 1.0)], (True,)),
+    "attention_gqa": ("attention causal, 2 kv heads", f"({_B},{_H}/{_H // 2},{_T},{_E})",
+                      [("f", (_B, _H, _T, _E), 1.0)] + [("f", (_B, _H // 2, _T, _E), 1.0)] * 2, (True, True, True)),
+    "silu": ("silu", f"({_B},{_T},{_FF})", [("f", (_B, _T, _FF), 2.0)], (True,)),
 }
 KERNEL_GROUPS = (("Kernels at the issue's shapes", ("bmm_issue", "softmax_issue")),
                  (f"Kernels at Transformer shapes (B={_B}, T={_T}, d={_D}, {_H} heads, ffn {_FF})",
-                  ("linear", "qk", "softmax", "attention", "attention_causal", "layer_norm",
-                   "cross_entropy", "dropout")))
+                  ("linear", "qk", "softmax", "attention", "attention_causal", "attention_gqa", "layer_norm",
+                   "cross_entropy", "dropout", "silu")))
+# The fused op each kernel case times (tests/test_benchmarks.py: every fused op of the
+# registry has a case here, or a reason below).
+KERNEL_OPS = {"bmm_issue": "MatMul", "softmax_issue": "Softmax", "linear": "LinearOp", "qk": "MatMul",
+              "softmax": "Softmax", "attention": "ScaledDotProductAttention",
+              "attention_causal": "ScaledDotProductAttention", "attention_gqa": "ScaledDotProductAttention",
+              "layer_norm": "LayerNormOp", "cross_entropy": "CrossEntropy", "dropout": "DropoutOp", "silu": "Silu",
+              "rms_norm": "RMSNormOp", "rotary": "RotaryOp"}
+NOT_BENCHMARKED = {  # fused op: why it has no kernel case
+    "LogSoftmax": "softmax's kernel with log=True; cross_entropy, which training uses, has its own",
+    "AttentionWeights": "need_weights only: a softmax backward and two products of the matmul kernel",
+    "PackedSelfAttention": "the attention kernel on a packed projection: W3 times it in MultiheadAttention",
+    "Gelu": "timed inside the W2 workload (the GPT's MLP)",
+}
 DROPOUT_P = 0.1
 
 # ------------------------------------------------------------ optimizers

@@ -27,6 +27,8 @@ FACTORIES = {  # KEY: inputs -> (forward, forward+backward)
     "layer_norm": base.np_layer_norm,
     "cross_entropy": base.np_cross_entropy,
     "dropout": lambda x: base.np_dropout(x, C.DROPOUT_P, np.random.default_rng(0)),
+    "attention_gqa": lambda q, k, v: base.np_attention(q, np.repeat(k, 2, -3), np.repeat(v, 2, -3), True),
+    "silu": base.np_silu,
 }
 
 

@@ -315,6 +315,8 @@ KERNEL_FNS = {
     "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
     "cross_entropy": lambda x, target: F.cross_entropy(x, target.numpy()),
     "dropout": lambda x: F.dropout(x, C.DROPOUT_P),
+    "attention_gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    "silu": lambda x: F.silu(x),  # looked up when called: a --before checkout may have no silu
 }
 
 

@@ -172,6 +172,8 @@ KERNEL_FNS = {
     "layer_norm": lambda x, w, b: TF.layer_norm(x, (x.shape[-1],), w, b),
     "cross_entropy": lambda x, target: TF.cross_entropy(x, target),
     "dropout": lambda x: TF.dropout(x, C.DROPOUT_P),
+    "attention_gqa": lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    "silu": TF.silu,
 }
 
 

@@ -71,3 +71,18 @@ def packed_attention_inputs(draw):
     mask_shape = draw(st.sampled_from([(), (B, 1), (1, H), (B, H)])) + (draw(st.sampled_from([1, T])), T)
     mask = _mask(draw, draw(st.sampled_from(["none", "bool", "float"])), mask_shape)
     return qkv, H, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))
+
+
+@st.composite
+def gqa_attention_inputs(draw):
+    """Grouped-query attention: q (B, Hq, L, E) and k, v (B or 1, Hkv, S, .) with Hq a
+    multiple of Hkv, a mask (None, boolean or float) that broadcasts to (B, Hq, L, S),
+    is_causal and scale."""
+    B, kv_heads, groups = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    L, S, E, Ev = (draw(st.integers(1, 3)) for _ in range(4))
+    heads, kv_batch = kv_heads * groups, draw(st.sampled_from([B, 1]))
+    q = draw(arrays((B, heads, L, E)))
+    k, v = draw(arrays((kv_batch, kv_heads, S, E))), draw(arrays((kv_batch, kv_heads, S, Ev)))
+    mask_shape = draw(st.sampled_from([(), (heads,), (B, 1), (B, heads)])) + (draw(st.sampled_from([1, L])), S)
+    mask = _mask(draw, draw(st.sampled_from(["none", "bool", "float"])), mask_shape)
+    return q, k, v, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))

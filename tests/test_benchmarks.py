@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tinygrad_attn as tg
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -47,6 +49,17 @@ def assert_agree(text, expected):
         assert float(text) <= cases.ARRAY_RTOL, text
     else:
         assert text == expected, text
+
+
+def test_every_fused_op_has_a_kernel_case_or_a_reason():
+    """A new fused op (one with a composite twin) is picked up: benchmarks/cases.py
+    times it in a kernel case, or says why not."""
+    fused = {name for name, op in tg.Function.registry.items() if op.composite is not None}
+    timed = set(cases.KERNEL_OPS.values())
+    assert set(cases.KERNEL_OPS) == set(cases.KERNELS)
+    assert not timed & set(cases.NOT_BENCHMARKED)
+    missing = sorted(fused - timed - set(cases.NOT_BENCHMARKED))
+    assert not missing, f"fused ops with no kernel case in benchmarks/cases.py nor a reason: {missing}"
 
 
 def test_every_table_runs_and_the_frameworks_agree():

@@ -19,7 +19,6 @@ from numba import njit
 import tinygrad_attn as tg
 from tinygrad_attn import functional as F
 from tinygrad_attn import nn
-from tinygrad_attn import reference as R
 from tinygrad_attn import kernels
 from tinygrad_attn.reference import numpy_backward as nb
 from tinygrad_attn.kernels import fastmath, numba_cache, random_bits, threads
@@ -33,14 +32,16 @@ def randn(*shape, dtype=np.float64, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
 
 
-def run_both(fused, reference, arrays, seed=0):
-    """Values and input gradients of fused(*tensors) and reference(*tensors),
-    each run after manual_seed(seed) (so dropout draws the same key)."""
+def run_both(fn, arrays, seed=0):
+    """Values and input gradients of fn(*tensors) with the fused ops and
+    inside reference_ops() (their composite twins), each run after
+    manual_seed(seed) (so dropout draws the same key)."""
     results = []
-    for fn in (fused, reference):
+    for reference in (False, True):
         ts = [tg.Tensor(a.copy(), requires_grad=True) for a in arrays]
         tg.manual_seed(seed)
-        out = fn(*ts)
+        with tg.reference_ops(reference):
+            out = fn(*ts)
         outs = out if isinstance(out, tuple) else (out,)
         total = sum((o * tg.Tensor(np.cos(np.arange(o.numel())).reshape(o.shape))).sum() for o in outs)
         total.backward()
@@ -48,8 +49,8 @@ def run_both(fused, reference, arrays, seed=0):
     return results
 
 
-def assert_same(fused, reference, arrays, rtol=1e-10, atol=1e-12, seed=0):
-    (out_f, grad_f), (out_c, grad_c) = run_both(fused, reference, arrays, seed)
+def assert_same(fn, arrays, rtol=1e-10, atol=1e-12, seed=0):
+    (out_f, grad_f), (out_c, grad_c) = run_both(fn, arrays, seed)
     for a, b in zip(out_f, out_c):
         np.testing.assert_allclose(a, np.broadcast_to(b, a.shape), rtol=rtol, atol=atol)
     for a, b in zip(grad_f, grad_c):
@@ -65,8 +66,8 @@ def assert_same(fused, reference, arrays, rtol=1e-10, atol=1e-12, seed=0):
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_matches_reference(axis, log):
     x = np.ascontiguousarray(randn(6, 5, 7).transpose(2, 0, 1))[:, ::2]  # strided input
-    fused, reference = (F.log_softmax, R.log_softmax) if log else (F.softmax, R.softmax)
-    assert_same(lambda t: fused(t, dim=axis), lambda t: reference(t, dim=axis), (x,))
+    fn = F.log_softmax if log else F.softmax
+    assert_same(lambda t: fn(t, dim=axis), (x,))
 
 
 @pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
@@ -77,21 +78,19 @@ def test_layer_norm_matches_reference(affine, norm_shape):
     use_w, use_b = affine in ("both", "weight"), affine in ("both", "bias")
     arrays = (x,) + ((w,) if use_w else ()) + ((b,) if use_b else ())
 
-    def call(fn):
-        def f(x, *wb):
-            wb = list(wb)
-            weight = wb.pop(0) if use_w else None
-            bias = wb.pop(0) if use_b else None
-            return fn(x, norm_shape, weight, bias, eps=1e-3)
-        return f
-    assert_same(call(F.layer_norm), call(R.layer_norm), arrays)
+    def f(x, *wb):
+        wb = list(wb)
+        weight = wb.pop(0) if use_w else None
+        bias = wb.pop(0) if use_b else None
+        return F.layer_norm(x, norm_shape, weight, bias, eps=1e-3)
+    assert_same(f, arrays)
 
 
 @pytest.mark.parametrize("x_shape", [(5,), (4, 5), (2, 3, 5)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_matches_reference(x_shape, bias):
     arrays = (randn(*x_shape), randn(6, 5)) + ((randn(6),) if bias else ())
-    assert_same(F.linear, R.linear, arrays)
+    assert_same(F.linear, arrays)
 
 
 @pytest.mark.parametrize("layout", [(6, 5), (5,), (3, 5, 4), (2, 5, 3, 2)])
@@ -105,7 +104,7 @@ def test_cross_entropy_matches_reference(layout, reduction, smoothing):
         target.flat[::3] = -1  # ignored
         target.flat[1] = 2
     kw = dict(ignore_index=-1, label_smoothing=smoothing, reduction=reduction)
-    assert_same(lambda t: F.cross_entropy(t, target, **kw), lambda t: R.cross_entropy(t, target, **kw), (x,))
+    assert_same(lambda t: F.cross_entropy(t, target, **kw), (x,))
 
 
 def test_cross_entropy_mean_over_no_targets_is_nan_as_in_pytorch():
@@ -124,32 +123,29 @@ def test_attention_matches_reference(mask_kind, causal, dropout_p):
     mask = {"none": None, "bool": rng.random((5, 6)) > 0.3, "float": randn(3, 5, 6),
             "bool-broadcast": rng.random((2, 1, 1, 6)) > 0.3}[mask_kind]
     kw = dict(attn_mask=mask, is_causal=causal, dropout_p=dropout_p, need_weights=True)
-    fused_kw = kw
     if causal and mask is not None:
         # PyTorch (and F) refuse attn_mask with is_causal: give F the causal mask folded in.
         with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"):
             F.scaled_dot_product_attention(tg.Tensor(q), tg.Tensor(k), tg.Tensor(v), **kw)
         below = np.tril(np.ones((5, 6), bool))
         folded = mask & below if mask.dtype == bool else np.where(below, mask, -np.inf)
-        fused_kw = dict(kw, attn_mask=folded, is_causal=False)
-    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **fused_kw),
-                lambda *a: R.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
+        kw = dict(kw, attn_mask=folded, is_causal=False)
+    assert_same(lambda *a: F.scaled_dot_product_attention(*a, **kw), (q, k, v), seed=7)
 
 
 def test_attention_gradient_reaches_a_float_mask():
     q, k, v, m = randn(2, 4, 3), randn(2, 5, 3), randn(2, 5, 2), randn(4, 5)
-    assert_same(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-                lambda q, k, v, m: R.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, m))
+    assert_same(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, m))
 
 
 def test_attention_broadcasts_key_and_value_over_heads():
     q, k, v = randn(2, 4, 5, 3), randn(2, 1, 6, 3), randn(1, 1, 6, 2)
-    assert_same(F.scaled_dot_product_attention, R.scaled_dot_product_attention, (q, k, v))
+    assert_same(F.scaled_dot_product_attention, (q, k, v))
 
 
 def test_dropout_matches_reference_with_the_same_seed():
     x = randn(3, 40, 7)
-    assert_same(lambda t: F.dropout(t, 0.25), lambda t: R.dropout(t, 0.25), (x,), seed=3)
+    assert_same(lambda t: F.dropout(t, 0.25), (x,), seed=3)
 
 
 def test_batched_matmul_reads_transposed_views_in_place():
@@ -209,7 +205,7 @@ def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
             monkeypatch.setattr(matmul, "library", lambda route=route: blas.library(route))
             out = np.empty((count, m, n), dtype)
             offsets = lambda x: np.arange(count, dtype=np.int64) * x[0].size
-            matmul.batched_matmul(a.reshape(-1), offsets(a), k, False, b.reshape(-1), offsets(b), b.shape[2],
+            matmul.batched_matmul((a.reshape(-1), offsets(a), k), False, (b.reshape(-1), offsets(b), b.shape[2]),
                                   trans_b, m, n, k, out, bias)
             tol = 1e-5 if dtype == np.float32 else 1e-12  # float32 sums of 9000 terms round
             np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * np.abs(expected).max())
@@ -225,6 +221,16 @@ def test_gemm_works_on_every_blas_route(dtype, monkeypatch):
     for other in results[1:]:
         for x, y in zip(results[0], other):
             np.testing.assert_allclose(x, y, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+
+
+def test_gemm_outside_numba_overwrites_c_when_beta_is_0():
+    """The plain-numpy body of gemm (what NUMBA_DISABLE_JIT=1 runs) does not
+    read C when beta = 0, as BLAS: an output from np.empty may hold NaN."""
+    from tinygrad_attn.kernels import blas
+    a, b = randn(2, 3), randn(3, 4)
+    c = np.full(8, np.nan)
+    blas.gemm(None, False, False, 2, 4, 3, 1.0, a.reshape(-1), 3, b.reshape(-1), 4, 0.0, c, 4)
+    np.testing.assert_allclose(c.reshape(2, 4), a @ b, rtol=1e-15)
 
 
 def test_blas_candidates_are_checked_before_use(monkeypatch):
@@ -347,6 +353,80 @@ def test_attention_matches_pytorch():
         np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads", [(4, 2), (6, 3), (4, 1), (2, 2)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal"])
+def test_grouped_query_attention_matches_pytorch(heads, mask_kind):
+    """enable_gqa=True: output and gradients of Q, K, V as torch's, K and V
+    with fewer heads (one shared by each group of query heads)."""
+    torch = pytest.importorskip("torch")
+    hq, hkv = heads
+    q, k, v = randn(2, hq, 5, 4), randn(2, hkv, 6, 4), randn(2, hkv, 6, 3)
+    mask = {"none": None, "causal": None, "bool": rng.random((2, hq, 5, 6)) > 0.3, "float": randn(hq, 5, 6)}[mask_kind]
+    kw = dict(is_causal=mask_kind == "causal", enable_gqa=True)
+    g = randn(2, hq, 5, 3)
+    ts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *ts, attn_mask=None if mask is None else torch.tensor(mask), **kw)
+    expected.backward(torch.tensor(g))
+    ours = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, attn_mask=mask, **kw)
+    out.backward(g)
+    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for a, b in zip(ours, ts):
+        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
+    """The kernel's grouped-query attention is the repeat of the key/value heads
+    followed by ordinary attention (the path before it, and the composite
+    twin's): the same output, dropout mask and gradients, to rounding (the
+    sums over a group add in another order); K and V are read where they lie,
+    not copied, and dK, dV come back with Hkv heads."""
+    from tinygrad_attn.reference import repeat_kv_heads
+    q, k, v = randn(2, 6, 7, 4, dtype=dtype), randn(2, 2, 9, 4, dtype=dtype), randn(2, 2, 9, 5, dtype=dtype)
+    g = randn(2, 6, 7, 5, dtype=dtype)
+    results = []
+    for in_kernel in (True, False):
+        ts = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
+        tg.manual_seed(4)
+        if in_kernel:
+            out, ctx = tg.ops.attention.ScaledDotProductAttention.apply_with_ctx(
+                *ts, is_causal=True, dropout_p=0.3, enable_gqa=True)
+            assert ctx.plan.groups == 3 and all(np.shares_memory(a, t.data) for a, t in zip(ctx.plan.inputs, ts))
+        else:
+            out = F.scaled_dot_product_attention(ts[0], repeat_kv_heads(ts[0], ts[1]), repeat_kv_heads(ts[0], ts[2]),
+                                                 is_causal=True, dropout_p=0.3)
+        out.backward(g)
+        results.append([out.data] + [t.grad.data for t in ts])
+    assert results[0][2].shape == k.shape and results[0][3].shape == v.shape
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for a, b in zip(*results):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_grouped_query_attention_weights_fused_and_through_the_twins():
+    """need_weights=True with enable_gqa: the weights, one (L, S) matrix per
+    query head, and every gradient through output and weights, fused and
+    inside reference_ops() (the composite twins)."""
+    def fn(q, k, v):
+        out, weights = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, need_weights=True)
+        assert weights.shape == (2, 4, 5, 6)
+        return out, weights
+    assert_same(fn, (randn(2, 4, 5, 3), randn(2, 2, 6, 3), randn(2, 2, 6, 2)))
+
+
+def test_grouped_query_attention_refuses_heads_that_do_not_divide():
+    t = lambda *shape: tg.Tensor(np.ones(shape))
+    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*query heads 4.*\(2, 4, 3, 2\).*\(2, 3, 5, 2\)"):
+        F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, 3, 5, 2), t(2, 3, 5, 2), enable_gqa=True)
+    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*value \(2, 1, 5, 2\)"):
+        F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, 2, 5, 2), t(2, 1, 5, 2), enable_gqa=True)
+    with pytest.raises(tg.ShapeError, match="enable_gqa needs heads on axis -3"):
+        F.scaled_dot_product_attention(t(3, 2), t(5, 2), t(5, 2), enable_gqa=True)
+
+
 def test_cross_entropy_and_layer_norm_match_pytorch():
     torch = pytest.importorskip("torch")
     x, t = randn(4, 6, 3), rng.integers(0, 6, (4, 3))
@@ -434,7 +514,7 @@ def test_dropout_mask_is_the_documented_hash():
     x = np.ones(1000, np.float32)
     out = np.empty_like(x)
     threshold = np.uint32(round(p * 2**32))
-    kernels.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out)
+    kernels.dropout.dropout_apply(x, np.uint32(key), threshold, np.float32(1 / (1 - p)), out)
     np.testing.assert_array_equal(out != 0, ref.dropout_keep(x.shape, p, key))
     indices = np.arange(1000)
     np.testing.assert_array_equal(random_bits.uniform_bits_numpy(key, indices), ref.random_bits(key, indices))
@@ -442,33 +522,19 @@ def test_dropout_mask_is_the_documented_hash():
 
 # -------------------------------------------------------------- determinism
 
+LARGE = 1 << 20  # elements in an example's main input: enough that every kernel shares its work out
+
+
 def _every_kernel(threads_count):
-    """Outputs and gradients of each fused op on fixed inputs, with `threads_count` threads."""
+    """Outputs and gradients of every op's `example` at size LARGE, with `threads_count` threads."""
+    from tinygrad_attn import warmup
     kernels.set_num_threads(threads_count)
     try:
-        local = np.random.default_rng(5)
-        x = local.standard_normal((16384, 96)).astype(np.float32)  # several ranges per kernel
-        q, k, v = (local.standard_normal((8, 4, 48, 32)).astype(np.float32) for _ in range(3))
         results = []
-        cases = [
-            lambda t: F.softmax(t[0], dim=-1),
-            lambda t: F.layer_norm(t[0], 96, t[0][0] * 0 + 1.5, None),
-            lambda t: F.cross_entropy(t[0], np.arange(16384) % 96, label_smoothing=0.1),
-            lambda t: F.dropout(t[0], 0.2),
-            lambda t: F.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=True, dropout_p=0.1),
-            lambda t: t[1] @ t[2].swapaxes(-1, -2),
-            lambda t: t[0].gelu(),
-            lambda t: t[0].gelu(approximate="tanh"),
-            lambda t: t[0].relu(),
-            lambda t: t[0].erfc(),
-            lambda t: t[0][np.arange(40000) % 1000],  # a lookup: its backward is the scatter-add kernel
-        ]
-        for case in cases:
-            ts = [tg.Tensor(a, requires_grad=True) for a in (x, q, k, v)]
-            tg.manual_seed(0)
-            out = case(ts)
-            out.backward(np.ones(out.shape, np.float32))
-            results.append([out.data.copy()] + [t.grad.data.copy() for t in ts if t.grad is not None])
+        for op in warmup.ops_with_kernels():
+            out, tensors = warmup.run_example(op, np.float32, LARGE)
+            results.append((op.__name__, [out.data.copy()] + [t.grad.data.copy() for t in tensors
+                                                              if t.grad is not None]))
         return results
     finally:
         kernels.set_num_threads(None)
@@ -477,10 +543,11 @@ def _every_kernel(threads_count):
 def test_results_are_bit_identical_run_to_run_and_across_thread_counts():
     many = max(3, threads.get_num_threads())  # more threads than cores is fine here
     first, second, single = _every_kernel(many), _every_kernel(many), _every_kernel(1)
-    for a, b, c in zip(first, second, single):
+    assert len(first) >= 13
+    for (name, a), (_, b), (_, c) in zip(first, second, single):
         for x, y, z in zip(a, b, c):
-            np.testing.assert_array_equal(x, y)
-            np.testing.assert_array_equal(x, z)
+            np.testing.assert_array_equal(x, y, err_msg=name)
+            np.testing.assert_array_equal(x, z, err_msg=name)
 
 
 # ------------------------------------------------- float32 stays float32
@@ -648,6 +715,31 @@ def test_relu_kernel_matches_numpy_and_torch_in_float32_and_float64():
     assert ints.data.tolist() == [0, 0, 3]
 
 
+def test_silu_kernel_matches_torch_in_float32_and_float64():
+    """Forward x * sigmoid(x) and backward s + x s (1 - s) as torch's silu,
+    over both tails (sigmoid from exp(-|x|): nothing overflows, tiny values
+    keep their digits) and at -0.0, NaN and +-inf (NaN where torch gives NaN)."""
+    import torch
+    x = np.concatenate([[-0.0, 0.0, np.nan, -np.inf, np.inf, 1e-30, -1e-30, -90.0, -700.0, 90.0, 700.0],
+                        np.linspace(-30, 30, 6001), randn(100000, scale=4)])
+    g = randn(x.size)
+    for dtype, rtol in ((np.float32, 3e-6), (np.float64, 1e-13)):
+        t = tg.Tensor(x.astype(dtype), requires_grad=True)
+        out = F.silu(t)
+        out.backward(g.astype(dtype))
+        tt = torch.tensor(x.astype(dtype), requires_grad=True)
+        expected = torch.nn.functional.silu(tt)
+        expected.backward(torch.tensor(g.astype(dtype)))
+        assert out.dtype == dtype and t.grad.dtype == dtype
+        tiny = np.finfo(dtype).tiny  # torch flushes what falls below it (float32's exp of -90)
+        np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=rtol, atol=tiny)
+        # near x = -1.28, where silu' = 0, s + x s (1 - s) cancels: a few ulps of g there
+        np.testing.assert_allclose(t.grad.data, tt.grad.numpy(), rtol=rtol,
+                                   atol=4 * np.finfo(dtype).eps * np.abs(g).max())
+    with pytest.raises(TypeError, match="silu: expected float32 or float64"):
+        F.silu(tg.Tensor(np.arange(3)))
+
+
 def test_erfc_kernel_matches_scipy_in_float32_and_float64():
     """libm's erfc: float32 rounded once from float64, bit-equal to scipy's
     float32 erfc; float64 within a few ulps of scipy's (cephes), tails and
@@ -709,7 +801,7 @@ opt.step()
 assert abs(losses[0] - losses[1]) < 1e-5, losses
 a, b = np.ones(6 * 4, np.float32), np.ones(4 * 3, np.float32)
 out, off = np.empty((1, 6, 3), np.float32), np.zeros(1, np.int64)
-matmul._matmul(blas.library("loops"), a, off, 4, False, b, off, 3, False, 6, 3, 4, 6, 4, np.zeros(0, np.float32),
+matmul._matmul(blas.library("loops"), (a, off, 4), False, (b, off, 3), False, 6, 3, 4, 6, 4, np.zeros(0, np.float32),
                out, 0, 1)
 assert np.all(out == 4) and blas.library_name("scipy's") == "loops"
 assert numpy_backward.gelu_forward(np.array([-1.0, 0.0, 2.0])).shape == (3,)
@@ -745,7 +837,7 @@ kernel = matmul._matmul
 a, b = np.ones(600 * 700, np.float32), np.ones(700 * 700, np.float32)
 out = np.empty((1, 600, 700), np.float32)
 off = np.zeros(1, np.int64)
-threads.parallel_for(spy, 4, fallback, a, off, 700, False, b, off, 700, False, 600, 700, 700, 150, 700,
+threads.parallel_for(spy, 4, fallback, (a, off, 700), False, (b, off, 700), False, 600, 700, 700, 150, 700,
                      np.zeros(0, np.float32), out, item_size=1 << 20, blas=True)
 assert len(seen) == 4 and set(seen) == {(1,) * len(local)}, seen
 assert np.allclose(out, 700)

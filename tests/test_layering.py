@@ -1,9 +1,10 @@
-"""Arrows point down: no module imports from a layer above its own.
+"""Arrows point down: no module imports from a layer above its own, and no
+two modules import each other, directly or around a circle.
 
 The layers of docs/architecture.md, bottom first. Every import statement of
 every module counts, including those inside functions (an import at call
-time is still an upward dependency). A module may import its own layer and
-the layers below.
+time is still an upward dependency, and closes a circle as well). A module
+may import its own layer and the layers below.
 """
 import ast
 import os
@@ -108,6 +109,60 @@ def test_the_check_sees_upward_imports_even_inside_functions(tmp_path, monkeypat
     (copy / "ops" / "x.py").write_text(source)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", str(copy))
     assert expected in upward_imports()
+
+
+def import_cycles():
+    """Circles of imports between the package's modules (call-time imports
+    included): ["a.py -> b.py -> a.py", ...], at least one through every
+    group of modules that import each other around a loop (a depth-first
+    walk; a finished module cannot lead back into the walk's path). A
+    package's own __init__.py, which Python runs before its modules, is not
+    counted as imported by them: only import statements are."""
+    graph = {relative: sorted({module_path(m) for _, m in imported_modules(relative)} - {relative})
+             for relative in package_modules()}
+    found, done = [], set()
+    for start in sorted(graph):  # depth-first from each module; a path back into the stack is a circle
+        stack, on_path = [(start, iter(graph[start]))], [start]
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                on_path.pop()
+                done.add(node)
+            elif child in on_path:
+                circle = on_path[on_path.index(child):]
+                first = circle.index(min(circle))  # written from its first module by name, so found once
+                circle = circle[first:] + circle[:first]
+                found.append(" -> ".join(circle + circle[:1]))
+            elif child not in done and child in graph:
+                stack.append((child, iter(graph[child])))
+                on_path.append(child)
+    return sorted(set(found))
+
+
+def test_no_two_modules_import_each_other():
+    """Not directly, nor around a circle, nor at call time (tensor.py used to
+    import reference/ inside a function, and reference/ imports tensor.py)."""
+    assert import_cycles() == []
+
+
+@pytest.mark.parametrize("planted,expected", [
+    ({"tensor.py": "\ndef _twins():\n    from . import reference\n"},
+     "reference/__init__.py -> reference/composites.py -> tensor.py -> reference/__init__.py"),
+    ({"ops/x.py": "from . import y\n", "ops/y.py": "def f():\n    from . import x\n"},
+     "ops/x.py -> ops/y.py -> ops/x.py"),
+])
+def test_the_cycle_check_sees_circles_even_through_call_time_imports(tmp_path, monkeypatch, planted, expected):
+    """Negative control: a planted circle (one import inside a function) is reported."""
+    import shutil
+    copy = tmp_path / "tinygrad_attn"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, text in planted.items():
+        with open(copy / name, "a") as f:
+            f.write(text)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", str(copy))
+    assert expected in import_cycles()
 
 
 def test_the_numpy_backward_reads_alone():

@@ -4,10 +4,14 @@ CASES maps each op name in `Function.registry` to one or more cases. A case
 is a hypothesis strategy that draws a `Case(fn, ref, arrays)`: `fn` runs on
 Tensors, `ref` on numpy arrays, `arrays` are the float64 inputs (all
 differentiated). `test_every_registered_op_has_a_case` fails when an op is
-added without one.
+added without one. A fused op's cases also give `backward(*arrays, grad)`,
+its numpy twin's input gradients (reference/numpy_backward.py), which
+tests/test_numpy_backward.py compares with the op's; and
+tests/test_reference_ops.py runs every fused op's cases through its
+composite twin too.
 """
-import importlib
 import pkgutil
+import sys
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -24,7 +28,8 @@ from tinygrad_attn.ops.dropout import DropoutOp
 from tinygrad_attn.reference import numpy_backward as nb
 
 from . import references as ref
-from .strategies import arrays, attention_inputs, broadcast_shapes, packed_attention_inputs, shapes
+from .strategies import (arrays, attention_inputs, broadcast_shapes, gqa_attention_inputs,
+                         packed_attention_inputs, shapes)
 
 
 class Case(NamedTuple):
@@ -32,12 +37,13 @@ class Case(NamedTuple):
     ref: Callable
     arrays: tuple
     gradcheck_kwargs: dict = {}
+    backward: Callable = None  # fused ops: (*arrays, grad) -> [dL/d each array], from numpy_backward
 
 
-def unary(fn, ref, **array_kwargs):
+def unary(fn, ref, backward=None, **array_kwargs):
     @st.composite
     def case(draw):
-        return Case(fn, ref, (draw(arrays(draw(shapes()), **array_kwargs)),))
+        return Case(fn, ref, (draw(arrays(draw(shapes()), **array_kwargs)),), backward=backward)
     return case()
 
 
@@ -226,8 +232,10 @@ def softmax_case(draw, log):
     axis = draw(st.integers(-max(len(shape), 1), max(len(shape), 1) - 1))
     x = draw(arrays(shape, low=-4.0, high=4.0))
     if log:
-        return Case(lambda t: F.log_softmax(t, dim=axis), lambda a: nb.log_softmax_forward(a, axis), (x,))
-    return Case(lambda t: F.softmax(t, dim=axis), lambda a: nb.softmax_forward(a, axis), (x,))
+        return Case(lambda t: F.log_softmax(t, dim=axis), lambda a: nb.log_softmax_forward(a, axis), (x,),
+                    backward=lambda a, g: [nb.log_softmax_backward(nb.log_softmax_forward(a, axis), g, axis)])
+    return Case(lambda t: F.softmax(t, dim=axis), lambda a: nb.softmax_forward(a, axis), (x,),
+                backward=lambda a, g: [nb.softmax_backward(nb.softmax_forward(a, axis), g, axis)])
 
 
 @st.composite
@@ -238,7 +246,8 @@ def layer_norm_case(draw):
     norm_shape = shape[len(shape) - k:]
     x, w, b = draw(arrays(shape)), draw(arrays(norm_shape)), draw(arrays(norm_shape))
     return Case(lambda x, w, b: F.layer_norm(x, norm_shape, w, b, eps=eps),
-                lambda x, w, b: nb.layer_norm_forward(x, w, b, k, eps), (x, w, b))
+                lambda x, w, b: nb.layer_norm_forward(x, w, b, k, eps), (x, w, b),
+                backward=lambda x, w, b, g: nb.layer_norm_backward(x, w, g, k, eps))
 
 
 @st.composite
@@ -247,8 +256,10 @@ def linear_case(draw):
     n_in, n_out = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     x, w = draw(arrays(lead + (n_in,))), draw(arrays((n_out, n_in)))
     if draw(st.booleans()):
-        return Case(lambda x, w, b: F.linear(x, w, b), nb.linear_forward, (x, w, draw(arrays((n_out,)))))
-    return Case(lambda x, w: F.linear(x, w), nb.linear_forward, (x, w))
+        return Case(lambda x, w, b: F.linear(x, w, b), nb.linear_forward, (x, w, draw(arrays((n_out,)))),
+                    backward=lambda x, w, b, g: nb.linear_backward(x, w, g))
+    return Case(lambda x, w: F.linear(x, w), nb.linear_forward, (x, w),
+                backward=lambda x, w, g: nb.linear_backward(x, w, g)[:2])
 
 
 @st.composite
@@ -257,7 +268,8 @@ def dropout_case(draw):
     p = draw(st.sampled_from([0.2, 0.5, 0.9, 1.0]))
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(lambda t: DropoutOp.apply(t, p=p, seed=seed),
-                lambda a: nb.dropout_forward(a, ref.dropout_keep(a.shape, p, seed), p), (x,))
+                lambda a: nb.dropout_forward(a, ref.dropout_keep(a.shape, p, seed), p), (x,),
+                backward=lambda a, g: [nb.dropout_backward(g, ref.dropout_keep(a.shape, p, seed), p)])
 
 
 @st.composite
@@ -280,7 +292,8 @@ def cross_entropy_case(draw):
         target.flat[0] = n_classes - 1
     kwargs = dict(ignore_index=ignore_index, label_smoothing=smoothing, reduction=reduction)
     return Case(lambda t: F.cross_entropy(t, target, **kwargs),
-                lambda a: nb.cross_entropy_forward(a, target, **kwargs), (draw(arrays(logits_shape)),))
+                lambda a: nb.cross_entropy_forward(a, target, **kwargs), (draw(arrays(logits_shape)),),
+                backward=lambda a, g: [nb.cross_entropy_backward(a, target, g, **kwargs)])
 
 
 @st.composite
@@ -294,12 +307,44 @@ def attention_case(draw):
         m = a[3] if len(a) > 3 else mask
         keep = ref.attention_keep(a[0], a[1], a[2], m, p, seed)
         return nb.attention_forward(a[0], a[1], a[2], m, causal, scale, keep, p)[0]
+
+    def backward(*a):
+        q, k, v, g = a[0], a[1], a[2], a[-1]
+        m = a[3] if len(a) > 4 else mask
+        dq, dk, dv, dm = nb.attention_backward(q, k, v, g, m, causal, scale, ref.attention_keep(q, k, v, m, p, seed), p)
+        return [dq, dk, dv] + ([dm] if len(a) > 4 else [])
     if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
         return Case(lambda q, k, v, m: op.apply(q, k, v, m, is_causal=causal, scale=scale, dropout_p=p,
-                                                seed=seed), reference, (q, k, v, mask))
+                                                seed=seed), reference, (q, k, v, mask), backward=backward)
     extra = () if mask is None else (tg.Tensor(mask),)
     return Case(lambda q, k, v: op.apply(q, k, v, *extra, is_causal=causal, scale=scale, dropout_p=p,
-                                         seed=seed), reference, (q, k, v))
+                                         seed=seed), reference, (q, k, v), backward=backward)
+
+
+@st.composite
+def gqa_attention_case(draw):
+    """Grouped-query attention: each key/value head shared by a group of query heads."""
+    q, k, v, mask, causal, scale = draw(gqa_attention_inputs())
+    p = draw(st.sampled_from([0.0, 0.0, 0.4]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    op = tg.ops.attention.ScaledDotProductAttention
+    kw = dict(is_causal=causal, scale=scale, dropout_p=p, seed=seed, enable_gqa=True)
+
+    def keep(q, k, v, m):  # the weights' dropout mask: one per query head
+        groups = q.shape[-3] // k.shape[-3]
+        return ref.attention_keep(q, np.repeat(k, groups, -3), np.repeat(v, groups, -3), m, p, seed)
+
+    def reference(q, k, v, m=mask):
+        return nb.attention_forward(q, k, v, m, causal, scale, keep(q, k, v, m), p, enable_gqa=True)[0]
+
+    def backward(q, k, v, *rest):
+        m, g = (rest[0], rest[1]) if len(rest) > 1 else (mask, rest[0])
+        dq, dk, dv, dm = nb.attention_backward(q, k, v, g, m, causal, scale, keep(q, k, v, m), p, enable_gqa=True)
+        return [dq, dk, dv] + ([dm] if len(rest) > 1 else [])
+    if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
+        return Case(lambda q, k, v, m: op.apply(q, k, v, m, **kw), reference, (q, k, v, mask), backward=backward)
+    extra = () if mask is None else (tg.Tensor(mask),)
+    return Case(lambda q, k, v: op.apply(q, k, v, *extra, **kw), reference, (q, k, v), backward=backward)
 
 
 @st.composite
@@ -311,7 +356,10 @@ def attention_weights_case(draw):
         value = tg.Tensor(v.astype(q.dtype))
         return F.scaled_dot_product_attention(q, k, value, mask, is_causal=causal, scale=scale,
                                               need_weights=True)[1]
-    return Case(fn, lambda q, k: nb.attention_forward(q, k, v, mask, causal, scale)[1], (q, k))
+    def backward(q, k, g):  # the gradient reaching P alone: grad_weights, nothing from the output
+        no_output_grad = np.zeros(np.broadcast_shapes(g.shape[:-1], v.shape[:-2] + (1,)) + v.shape[-1:])
+        return nb.attention_backward(q, k, v, no_output_grad, mask, causal, scale, grad_weights=g)[:2]
+    return Case(fn, lambda q, k: nb.attention_forward(q, k, v, mask, causal, scale)[1], (q, k), backward=backward)
 
 
 @st.composite
@@ -321,15 +369,22 @@ def packed_self_attention_case(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     op = tg.ops.attention.PackedSelfAttention
 
-    def reference(qkv, m=mask):
+    def keep(qkv):
         B, T = qkv.shape[:2]
-        keep = ref.dropout_keep((B, H, T, T), p, seed)  # the weights' shape
-        return nb.packed_self_attention_forward(qkv, H, m, causal, scale, keep, p)[0]
+        return ref.dropout_keep((B, H, T, T), p, seed)  # the weights' shape
+
+    def reference(qkv, m=mask):
+        return nb.packed_self_attention_forward(qkv, H, m, causal, scale, keep(qkv), p)[0]
+
+    def backward(qkv, *rest):
+        m, g = (rest[0], rest[1]) if len(rest) > 1 else (mask, rest[0])
+        dqkv, dm = nb.packed_self_attention_backward(qkv, H, g, m, causal, scale, keep(qkv), p)
+        return [dqkv] + ([dm] if len(rest) > 1 else [])
     kwargs = dict(num_heads=H, is_causal=causal, scale=scale, dropout_p=p, seed=seed)
     if mask is not None and mask.dtype != bool:  # a float mask gets a gradient too
-        return Case(lambda qkv, m: op.apply(qkv, m, **kwargs), reference, (qkv, mask))
+        return Case(lambda qkv, m: op.apply(qkv, m, **kwargs), reference, (qkv, mask), backward=backward)
     extra = () if mask is None else (tg.Tensor(mask),)
-    return Case(lambda qkv: op.apply(qkv, *extra, **kwargs), reference, (qkv,))
+    return Case(lambda qkv: op.apply(qkv, *extra, **kwargs), reference, (qkv,), backward=backward)
 
 
 def _gelu_tanh(a):
@@ -359,7 +414,8 @@ def rms_norm_case(draw):
     norm_shape = shape[len(shape) - k:]
     x, w = draw(arrays(shape)), draw(arrays(norm_shape))
     return Case(lambda x, w: F.rms_norm(x, norm_shape, w, eps=eps),
-                lambda x, w: nb.rms_norm_forward(x, w, k, eps), (x, w))
+                lambda x, w: nb.rms_norm_forward(x, w, k, eps), (x, w),
+                backward=lambda x, w, g: nb.rms_norm_backward(x, w, g, k, eps))
 
 
 @st.composite
@@ -370,7 +426,7 @@ def rotary_case(draw):
     T, H, half = draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
     x = draw(arrays(lead + (T, H, 2 * half)))
     cos, sin = draw(arrays((T, half))), draw(arrays((T, half)))
-    return Case(F.apply_rotary_emb, nb.rotary_forward, (x, cos, sin))
+    return Case(F.apply_rotary_emb, nb.rotary_forward, (x, cos, sin), backward=nb.rotary_backward)
 
 
 CASES = {
@@ -389,8 +445,12 @@ CASES = {
     "Erfc": [unary(lambda t: t.erfc(), lambda a: 1 - erf(a))],
     "Sigmoid": [unary(lambda t: t.sigmoid(), lambda a: 1 / (1 + np.exp(-a)))],
     "Relu": [unary(lambda t: t.relu(), lambda a: np.maximum(a, 0), away_from=[0])],
-    "Gelu": [unary(lambda t: t.gelu(), lambda a: 0.5 * a * (1 + erf(a / np.sqrt(2)))),
-             unary(lambda t: t.gelu(approximate="tanh"), _gelu_tanh)],
+    "Gelu": [unary(lambda t: t.gelu(), lambda a: 0.5 * a * (1 + erf(a / np.sqrt(2))),
+                   backward=lambda a, g: [nb.gelu_backward(a, g)], low=-4.0, high=4.0),
+             unary(lambda t: t.gelu(approximate="tanh"), _gelu_tanh,
+                   backward=lambda a, g: [nb.gelu_backward(a, g, "tanh")], low=-4.0, high=4.0)],
+    "Silu": [unary(lambda t: F.silu(t), lambda a: a / (1 + np.exp(-a)),
+                   backward=lambda a, g: [nb.silu_backward(a, g)], low=-4.0, high=4.0)],
     "Abs": [unary(lambda t: t.abs(), np.abs, away_from=[0])],
     "Clip": [clip_case()],
     "Maximum": [maximum_case(lambda a, b: a.maximum(b), np.maximum)],
@@ -417,7 +477,7 @@ CASES = {
     "LayerNormOp": [layer_norm_case()],
     "DropoutOp": [dropout_case()],
     "CrossEntropy": [cross_entropy_case()],
-    "ScaledDotProductAttention": [attention_case()],
+    "ScaledDotProductAttention": [attention_case(), gqa_attention_case()],
     "AttentionWeights": [attention_weights_case()],
     "PackedSelfAttention": [packed_self_attention_case()],
     "RMSNormOp": [rms_norm_case()],
@@ -427,21 +487,15 @@ CASES = {
 CASE_IDS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]
 
 
-def _import_every_ops_module():
-    """Register the ops of every module in tinygrad_attn/ops, including one
-    that ops/__init__.py forgot to import (kernels/ holds no ops: arrays only)."""
-    for module in pkgutil.iter_modules(tg.ops.__path__, "tinygrad_attn.ops."):
-        importlib.import_module(module.name)
-
-
 def test_every_registered_op_has_a_case():
-    _import_every_ops_module()
+    """Every module of tinygrad_attn/ops is imported with the package (ops/__init__.py), so every op is here."""
+    modules = {m.name for m in pkgutil.iter_modules(tg.ops.__path__)}
+    assert modules <= {name.rsplit(".", 1)[-1] for name in sys.modules if name.startswith("tinygrad_attn.ops.")}
     missing = sorted(set(Function.registry) - set(CASES))
     assert not missing, f"ops without a gradcheck case in tests/test_ops.py: {missing}"
 
 
 def test_every_op_has_its_own_forward_backward_and_docstring():
-    _import_every_ops_module()
     for name, op in Function.registry.items():
         assert op.forward is not Function.forward and op.backward is not Function.backward, name
         assert (op.__doc__ or "").strip(), f"{name} has no docstring (the math of forward and backward)"

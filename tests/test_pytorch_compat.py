@@ -283,6 +283,9 @@ LAYER_BASICS = {
     "Dropout in eval mode, GELU('tanh'), ReLU()": (
         lambda lib: lib.nn.Sequential(lib.nn.Dropout(), lib.nn.GELU("tanh"), lib.nn.ReLU()).eval(),
         lambda lib, m, x: m(x), [normal(3, E)]),
+    "SiLU() between two Linear layers (SwiGLU's activation)": (
+        lambda lib: lib.nn.Sequential(lib.nn.Linear(E, 6), lib.nn.SiLU(), lib.nn.Linear(6, E)),
+        lambda lib, m, x: m(x), [normal(3, E)]),
 }
 
 
@@ -297,6 +300,7 @@ def test_layers_raise_for_what_we_lack():
                        (lambda: tgnn.Embedding(5, 2, sparse=True), "sparse"),
                        (lambda: tgnn.Embedding(5, 2, scale_grad_by_freq=True), "scale_grad_by_freq"),
                        (lambda: tgnn.Dropout(0.1, True), "inplace"), (lambda: tgnn.ReLU(True), "inplace"),
+                       (lambda: tgnn.SiLU(inplace=True), "inplace"),
                        (lambda: tgnn.Linear(2, 3, device="mps"), "device")):
         with pytest.raises(NotImplementedError, match=name):
             make()
@@ -331,6 +335,7 @@ FUNCTIONAL_CASES = {
                                                                      normal(E, seed=2)]),
     "dropout(input, p, training=False) positional is the identity": (
         lambda lib, x: lib.F.dropout(x, 0.5, False), [normal(4, 3)]),
+    "silu, positional inplace=False": (lambda lib, x: lib.F.silu(x, False), [normal(4, 3)]),
     "linear, embedding(padding_idx), gelu(approximate), relu": (
         lambda lib, x, w, b, i, table: (lib.F.linear(x, w, b), lib.F.embedding(i, table, 1),
                                          lib.F.gelu(x, approximate="tanh"), lib.F.relu(x)),
@@ -358,7 +363,8 @@ def test_functional_raises_where_pytorch_raises():
     for call, name in ((lambda: tgF.cross_entropy(tg.tensor(q[0]), np.zeros(L, np.int64), tg.ones(E)), "weight"),
                        (lambda: tgF.cross_entropy(tg.tensor(q[0]), np.zeros(L, np.int64), reduce=False), "reduce"),
                        (lambda: tgF.dropout(tg.tensor(q), 0.1, True, True), "inplace"),
-                       (lambda: tgF.relu(tg.tensor(q), True), "inplace")):
+                       (lambda: tgF.relu(tg.tensor(q), True), "inplace"),
+                       (lambda: tgF.silu(tg.tensor(q), inplace=True), "inplace")):
         with pytest.raises(NotImplementedError, match=name):
             call()
 

@@ -295,6 +295,7 @@ def test_the_callables_are_found():
     for expected in ("MultiheadAttention.__init__", "MultiheadAttention.forward", "Transformer.forward",
                      "TransformerEncoder.__init__", "Embedding.__init__", "LayerNorm.__init__",
                      "F.scaled_dot_product_attention", "F.cross_entropy", "F.softmax", "F.dropout",
+                     "F.silu", "SiLU.__init__",
                      "SGD.__init__", "Adam.__init__", "optim.clip_grad_norm_", "Tensor.size",
                      "Tensor.sum", "Tensor.to", "Module.load_state_dict", "nn.init.xavier_uniform_",
                      "tg.tensor", "tg.arange", "F.rms_norm", "RMSNorm.__init__", "RMSNorm.forward",

@@ -7,6 +7,9 @@ import textwrap
 import warnings
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numba import njit
 from numba.core.caching import FunctionCache
 
@@ -16,6 +19,8 @@ from tinygrad_attn import nn
 from tinygrad_attn import kernels
 from tinygrad_attn import warmup
 from tinygrad_attn.kernels import threads
+
+from .test_ops import CASE_IDS, CASES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -144,11 +149,13 @@ def _gpt_step():
     F.cross_entropy(gpt(np.arange(14).reshape(2, 7) % 11).reshape(-1, 11), np.zeros(14, np.int64)).backward()
 
 
-def test_the_warmup_steps_cover_other_transformer_steps():
-    """Warming up learns its kernels from tiny steps; steps of other shapes,
-    layers, masks and dropout need no other signature; every kernel is in."""
+def test_the_ops_examples_cover_every_kernel_and_transformer_steps():
+    """Warming up learns its kernels from the ops' examples; every kernel is
+    among them, and steps of other shapes, layers, masks and dropout need no
+    other signature."""
     compiled = set(warmup.kernel_signatures((np.float32,)))
-    assert {k for k, _ in compiled} == set(kernels.KERNELS)
+    missing = [k.__name__ for k in kernels.KERNELS if k not in {k for k, _ in compiled}]
+    assert not missing, f"kernels that no op's example (nor warmup.optimizer_step) calls: {missing}"
     # one float32 version of each: every compiled version costs a cold start 0.3-2 s
     # (a read-only offsets array, say, is another Numba type)
     assert len(compiled) == len(kernels.KERNELS)
@@ -156,6 +163,24 @@ def test_the_warmup_steps_cover_other_transformer_steps():
         assert set(_dry_run(step)) <= compiled
     both = warmup.kernel_signatures((np.float32, np.float64))
     assert len(both) == 2 * len(compiled)
+
+
+@pytest.mark.parametrize("name,i", CASE_IDS, ids=[f"{n}-{i}" for n, i in CASE_IDS])
+@settings(max_examples=4)
+@given(data=st.data())
+def test_an_op_that_runs_a_kernel_declares_an_example(name, i, data):
+    """A new op is picked up: if its gradcheck case (tests/test_ops.py CASES)
+    runs a kernel, the op must declare an `example`, which the warm-up runs
+    to compile that kernel with the types the op gives it."""
+    case = data.draw(CASES[name][i])
+    tensors = [tg.Tensor(a, requires_grad=True) for a in case.arrays]
+
+    def step():
+        out = case.fn(*tensors)
+        out.backward(np.ones(out.shape, out.dtype))
+    called = sorted({kernel.__name__ for kernel, _ in _dry_run(step)})
+    assert not called or tg.Function.registry[name].example is not None, \
+        f"{name} runs the kernels {called} but declares no example (see autograd.Function)"
 
 
 class _FakeKernel:
@@ -230,7 +255,7 @@ def test_warmup_with_a_helper_fills_a_cold_cache(tmp_path):
         import numpy as np
         import tinygrad_attn as tg
         from tinygrad_attn import warmup
-        warmup.training_steps(np.float32)
+        warmup.kernel_examples(np.float32)
         print(sum(sum(k.stats.cache_hits.values()) for k in tg.kernels.KERNELS),
               sum(sum(k.stats.cache_misses.values()) for k in tg.kernels.KERNELS))
         """, **env).split()

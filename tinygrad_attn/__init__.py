@@ -7,14 +7,13 @@ to explain Transformers on a CPU.
     x.grad  # tensor([[2., 4.]])
 """
 from . import functional, kernels, nn, ops, reference  # noqa: F401
-from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad,
-                       is_grad_enabled, no_grad, set_grad_enabled)
+from .autograd import (AnomalyError, Function, detect_anomaly, enable_grad, grad, is_grad_enabled,
+                       is_reference_ops_enabled, no_grad, reference_ops, set_grad_enabled, set_reference_ops)
 from .checkpoint import CheckpointError, load, save
 from .kernels.threads import get_num_threads, set_num_threads
 from .gradcheck import GradcheckError, gradcheck
 from .memory import keep_freed_memory
 from .random import get_generator, manual_seed
-from .reference import is_reference_ops_enabled, reference_ops, set_reference_ops
 from .shapes import ShapeError
 from .tensor import Tensor, cat, concatenate, matmul, maximum, minimum, stack, where
 from .dtypes import bool_, float32, float64, int64

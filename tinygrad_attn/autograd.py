@@ -1,4 +1,4 @@
-"""The autograd engine: `Function`, its `Context`, grad mode, and backward.
+"""The autograd engine: `Function`, its `Context`, grad mode, reference mode, and backward.
 
 Every op in tinygrad_attn is a `Function` subclass. Calling `MyOp.apply(x, y,
 alpha=2.0)` runs `MyOp.forward(ctx, x.data, y.data, alpha=2.0)` on numpy
@@ -10,9 +10,15 @@ The engine, not the op, takes care of three chores so op authors never have
 to: summing gradients of broadcast inputs back to the input's shape
 (`shapes.unbroadcast`), accumulating the gradient of a tensor used several
 times, and freeing saved arrays once a backward pass is done.
+
+Reference mode (`reference_ops()`) is the engine's too: a fused op's
+`apply` then runs the op's composite twin, registered with `composite_of`,
+so a whole model runs, and backpropagates, through primitive ops.
 """
 import contextlib
+import contextvars
 import functools
+import threading
 import weakref
 
 import numpy as np
@@ -68,6 +74,66 @@ class enable_grad(set_grad_enabled):
 
     def __init__(self):
         super().__init__(True)
+
+
+# ----------------------------------------------------- reference ops mode
+
+# Per thread (a contextvars.ContextVar): a thread that enters reference_ops()
+# changes nothing for the others, and a new thread starts in a fresh
+# context, with the fused ops (unless the interpreter makes threads inherit
+# the context, as Python 3.14's free-threaded build does). Grad mode, by
+# contrast, is one process-wide flag.
+_reference_ops = contextvars.ContextVar("tinygrad_attn.reference_ops", default=False)
+
+
+def is_reference_ops_enabled():
+    """Whether the fused ops run their composite twins now (in this thread)."""
+    return _reference_ops.get()
+
+
+def set_reference_ops(enabled):
+    """True: every fused op (one with a composite twin, `composite_of`) runs
+    its twin instead, every primitive step in the graph; False: the fused ops
+    (the default). For this thread; returns the previous setting."""
+    previous = _reference_ops.get()
+    _reference_ops.set(bool(enabled))
+    return previous
+
+
+class reference_ops(contextlib.ContextDecorator):
+    """Run the composite twins of the fused ops inside: `with reference_ops():`,
+    or as a decorator, `@reference_ops()`. `reference_ops(False)` runs the
+    fused ops inside a reference region. Nests, and restores the previous
+    setting on exit, also when an exception leaves the block. Per thread;
+    one instance may be entered in several threads at once, and again inside
+    itself (a decorated function that recurses)."""
+
+    def __init__(self, enabled=True):
+        self.enabled = bool(enabled)
+        self._local = threading.local()  # each thread's stack of the settings to restore
+
+    def _tokens(self):
+        return self._local.__dict__.setdefault("tokens", [])
+
+    def __enter__(self):
+        self._tokens().append(_reference_ops.set(self.enabled))
+        return self
+
+    def __exit__(self, *exc):
+        _reference_ops.reset(self._tokens().pop())
+        return False
+
+
+def composite_of(op):
+    """Register the decorated function as `op`'s composite twin: the same
+    computation from primitive ops, called with what `op.apply` is called
+    with (tensors, then the op's keyword parameters). Inside
+    `reference_ops()`, `op.apply` runs it instead of the op's kernel
+    (tinygrad_attn/reference/composites.py holds them all)."""
+    def register(fn):
+        op.composite = staticmethod(fn)
+        return fn
+    return register
 
 
 class AnomalyError(FloatingPointError):
@@ -230,9 +296,25 @@ class Function:
 
     Public subclasses defined inside `tinygrad_attn.ops` are recorded in
     `Function.registry`; the test suite checks each has a gradient check.
+
+    An op that runs a kernel also defines `example(dtype, size)`, a static
+    method returning a call of the op on made-up inputs: (arrays, params),
+    the arrays holding about `size` elements (a boolean array is an input
+    that takes no gradient). Nothing lists the kernels a step needs: the
+    warm-up (warmup.py) runs every op's example to learn which kernels to
+    compile with which argument types, and the tests run the examples to
+    check every kernel (bit-identical whatever the number of threads,
+    float32 kept float32).
+
+    A fused op (one kernel doing what several primitive ops could) has a
+    composite twin, registered with `@composite_of(Op)`: inside
+    `reference_ops()` its `apply` runs the twin, the one place where the
+    fused or the readable path is chosen.
     """
 
     registry = {}
+    example = None  # ops with a kernel: staticmethod example(dtype, size) -> (arrays, params)
+    composite = None  # fused ops: their composite twin, registered by @composite_of
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -258,7 +340,11 @@ class Function:
     @classmethod
     def apply_with_ctx(cls, *inputs, **params):
         """Like `apply`, but also return the `Context` (ops that expose extra
-        results, such as attention weights, keep them on it)."""
+        results, such as attention weights, keep them on it). Inside
+        `reference_ops()` a fused op runs its composite twin, which records
+        its primitive ops and no Context of this op: (result, None)."""
+        if cls.composite is not None and _reference_ops.get():
+            return cls.composite(*inputs, **params), None
         ref = next((x for x in inputs if isinstance(x, _tensor_type)), None)
         parents = tuple(x if isinstance(x, _tensor_type) else _constant(x, ref) for x in inputs)
         ctx = Context(cls, parents)

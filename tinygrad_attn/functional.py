@@ -2,20 +2,21 @@
 
 Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
 (linear, softmax, log_softmax, layer_norm, rms_norm, apply_rotary_emb,
-cross_entropy, attention, dropout, gelu) call fused ops backed by Numba kernels. Their reference
-versions, written step by step with primitive ops, are in
+cross_entropy, attention, dropout, gelu, silu) call fused ops backed by Numba
+kernels. Each fused op has a composite twin, written step by step with
+primitive ops, in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
 the fused ones against them. Inside `with tinygrad_attn.reference_ops():`
-(or under `@reference_ops()`, or after `set_reference_ops(True)`) these
-functions run the reference versions instead, so a whole model runs, and
-backpropagates, through the path you read. The fused ops' backward, in
-plain numpy: `tinygrad_attn.reference.numpy_backward`.
+(or under `@reference_ops()`, or after `set_reference_ops(True)`) every
+fused op runs its twin instead (the engine chooses: nothing here asks),
+so a whole model runs, and backpropagates, through the path you read. The
+fused ops' backward, in plain numpy: `tinygrad_attn.reference.numpy_backward`.
 """
 import warnings
 
 import numpy as np
 
-from .autograd import is_grad_enabled
+from .autograd import is_grad_enabled, no_grad
 from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
                             check_mask_dtype)
 from .ops.dropout import DropoutOp
@@ -25,8 +26,7 @@ from .ops.layer_norm import LayerNormOp
 from .ops.rms_norm import RMSNormOp
 from .ops.rotary import RotaryOp
 from .ops.softmax import LogSoftmax, Softmax
-from .reference import composites as R
-from .reference import is_reference_ops_enabled as _reference_ops
+from .reference.composites import repeat_kv_heads
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
 
@@ -40,7 +40,14 @@ def relu(input, inplace=False):
 def gelu(input, *, approximate="none"):
     """input * Phi(input), Phi the standard normal CDF; approximate="tanh"
     uses 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return input.gelu(approximate=approximate)  # Tensor.gelu runs the reference version when asked
+    return input.gelu(approximate=approximate)
+
+
+def silu(input, inplace=False):
+    """input * sigmoid(input), elementwise (SiLU, or swish; one fused kernel).
+    inplace=True is not implemented."""
+    _no_inplace("silu", inplace)
+    return input.silu()
 
 
 def sigmoid(input):
@@ -59,8 +66,6 @@ def linear(input, weight, bias=None):
     An integer input meets a float weight as in the arithmetic operators: it
     takes the weight's dtype (PyTorch raises; numpy would give float64)."""
     input, weight = _promote(input, weight)
-    if _reference_ops():
-        return R.linear(input, weight, None if bias is None else _promote(bias, weight)[0])
     if bias is None:
         return LinearOp.apply(input, weight)
     bias, weight = _promote(bias, weight)
@@ -132,7 +137,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
     applies (with its warning). `dtype` casts the input first."""
     dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
-    return R.softmax(input, dim) if _reference_ops() else Softmax.apply(input, axis=dim)
+    return Softmax.apply(input, axis=dim)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -140,7 +145,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
     `softmax`."""
     dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
-    return R.log_softmax(input, dim) if _reference_ops() else LogSoftmax.apply(input, axis=dim)
+    return LogSoftmax.apply(input, axis=dim)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -151,8 +156,6 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if k == 0 or input.shape[input.ndim - k:] != normalized_shape:
         raise ShapeError(f"layer_norm: input of shape {input.shape} does not end with "
                          f"normalized_shape {normalized_shape}")
-    if _reference_ops():
-        return R.layer_norm(input, normalized_shape, weight, bias, eps)
     dtype = input.dtype if input.dtype.kind == "f" else np.float32
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     bias = Tensor(np.zeros(normalized_shape, dtype)) if bias is None else bias
@@ -170,7 +173,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     _no_inplace("dropout", inplace)
     if not training or p == 0:
         return input
-    return R.dropout(input, p) if _reference_ops() else DropoutOp.apply(input, p=p)
+    return DropoutOp.apply(input, p=p)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -194,9 +197,6 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                                       + ("; use reduction=" if arg != "weight" else ""))
     logits = input
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
-    if _reference_ops():
-        return R.cross_entropy(logits, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                               reduction=reduction)
     return CrossEntropy.apply(logits, target=t, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction)
 
@@ -221,8 +221,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     As in PyTorch, is_causal=True with an attn_mask raises, and
     enable_gqa=True lets key and value have fewer heads (axis -3) than the
-    query, each shared by num_heads_q / num_heads_kv consecutive query heads.
-    `need_weights` (keyword-only) is our extension.
+    query, each shared by num_heads_q / num_heads_kv consecutive query heads
+    (grouped-query attention: the kernel reads each shared head in place and
+    sums its gradient over its group; need_weights' gradient path repeats
+    the key instead). `need_weights` (keyword-only) is our extension.
 
     A query that may attend to no key (its mask row all False / -inf) gets
     zero weights, an output of 0 and no gradient. PyTorch's math path gives
@@ -231,46 +233,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask should not be set "
                            "when is_causal=True (as in PyTorch)")
-    if enable_gqa:
-        key, value = _repeat_kv_heads(query, key), _repeat_kv_heads(query, value)
     inputs = (query, key, value)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "scaled_dot_product_attention"),)
-    if _reference_ops():
-        return R.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3] if attn_mask is not None else None,
-                                              dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                              need_weights=need_weights)
     out, ctx = ScaledDotProductAttention.apply_with_ctx(*inputs, is_causal=is_causal, scale=scale,
-                                                        dropout_p=dropout_p)
+                                                        dropout_p=dropout_p, enable_gqa=enable_gqa)
     if not need_weights:
         return out
-    weights = ctx.weights
     # The weights depend on query, key and the mask, not on value. (Select by
     # position, not by `t is not value`: in self-attention the same tensor is
     # all three, and the weights would silently lose their gradient.)
-    qk_mask = (query, key) + inputs[3:]
-    if is_grad_enabled() and any(t.requires_grad for t in qk_mask):
-        return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale,
-                                           value_batch=value.shape[:-2])
-    return out, Tensor(weights)
-
-
-def _repeat_kv_heads(query, kv):
-    """Grouped-query attention: repeat each key/value head (axis -3) so that
-    kv has as many heads as the query (PyTorch's repeat_interleave)."""
-    if query.ndim < 3 or kv.ndim < 3:
-        raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs heads on axis -3, got "
-                         f"query {query.shape} and key/value {kv.shape}")
-    hq, hkv = query.shape[-3], kv.shape[-3]
-    if hq == hkv:
-        return kv
-    if hq % hkv:
-        raise ShapeError(f"scaled_dot_product_attention: with enable_gqa the number of query "
-                         f"heads {hq} must be a multiple of the key/value heads {hkv} "
-                         f"(query {query.shape}, key/value {kv.shape})")
-    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
-    repeated = kv.unsqueeze(-3).expand(lead + (hkv, hq // hkv, S, E))
-    return repeated.reshape(lead + (hq, S, E))
+    qk_mask = (query, repeat_kv_heads(query, key) if enable_gqa else key) + inputs[3:]
+    weights = None if ctx is None else ctx.weights  # None under reference_ops(): AttentionWeights' twin computes P
+    if weights is not None and not (is_grad_enabled() and any(t.requires_grad for t in qk_mask)):
+        return out, Tensor(weights)
+    value_batch = value.shape[:-3] + query.shape[-3:-2] if enable_gqa else value.shape[:-2]  # heads as the query's
+    return out, AttentionWeights.apply(*qk_mask, weights=weights, scale=scale, value_batch=value_batch,
+                                       is_causal=is_causal)
 
 
 def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -293,13 +272,17 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     inputs = (qkv,)
     if attn_mask is not None:
         inputs += (_mask_tensor(attn_mask, "packed_self_attention"),)
-    if _reference_ops():
-        return R.packed_self_attention(qkv, num_heads, attn_mask=inputs[1] if attn_mask is not None else None,
-                                       dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                       need_weights=need_weights)
     out, ctx = PackedSelfAttention.apply_with_ctx(*inputs, num_heads=num_heads, is_causal=is_causal,
                                                   scale=scale, dropout_p=dropout_p)
-    return (out, Tensor(ctx.weights)) if need_weights else out
+    if not need_weights:
+        return out
+    if ctx is not None:
+        return out, Tensor(ctx.weights)
+    with no_grad():  # under reference_ops() the twin keeps no weights: AttentionWeights' twin computes them
+        B, T, width = qkv.shape
+        split = qkv.reshape(B, T, 3, num_heads, width // (3 * num_heads))
+        q, k = (split[:, :, i].permute(0, 2, 1, 3) for i in range(2))
+        return out, AttentionWeights.apply(q, k, *inputs[1:], scale=scale, is_causal=is_causal)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -316,19 +299,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
                          f"normalized_shape {normalized_shape}")
     dtype = input.dtype if input.dtype.kind == "f" else np.dtype(np.float32)
     eps = float(np.finfo(dtype).eps) if eps is None else eps
-    if _reference_ops():
-        return R.rms_norm(input, normalized_shape, weight, eps)
     weight = Tensor(np.ones(normalized_shape, dtype)) if weight is None else weight
     return RMSNormOp.apply(input, weight, normalized_ndim=k, eps=eps)
-
-
-def silu(input, inplace=False):
-    """x * sigmoid(x), elementwise (the Swish of SwiGLU). inplace=True is not
-    implemented. Composed of two ops (Sigmoid, Mul):
-
-        d silu / dx = s + x s (1 - s),   s = sigmoid(x)"""
-    _no_inplace("silu", inplace)
-    return input * input.sigmoid()
 
 
 def apply_rotary_emb(x, freqs_cos, freqs_sin):
@@ -348,6 +320,4 @@ def apply_rotary_emb(x, freqs_cos, freqs_sin):
     positions only through t - s: R_t^T R_s = R_{s-t}.
     """
     cos, sin = (f if isinstance(f, Tensor) else Tensor(np.asarray(f)) for f in (freqs_cos, freqs_sin))
-    if _reference_ops():
-        return R.apply_rotary_emb(x, cos, sin)
     return RotaryOp.apply(x, cos, sin)

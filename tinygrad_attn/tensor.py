@@ -490,9 +490,12 @@ class Tensor:
     def gelu(self, approximate="none"):
         """self * Phi(self), Phi the standard normal CDF (approximate="tanh":
         the tanh approximation). Not a torch.Tensor method: torch has F.gelu."""
-        if _reference_ops():
-            return _reference().gelu(self, approximate)
         return E.Gelu.apply(self, approximate=approximate)
+
+    def silu(self):
+        """self * sigmoid(self), elementwise (SiLU, or swish). Not a torch.Tensor
+        method: torch has F.silu."""
+        return E.Silu.apply(self)
 
     def abs(self):
         """|self|, elementwise (also the built-in abs(x))."""
@@ -519,12 +522,12 @@ class Tensor:
     def softmax(self, dim, dtype=None):
         """exp(x_i) / sum_j exp(x_j) along `dim` (F.softmax); `dtype` casts first."""
         x = self if dtype is None else self.to(dtype)
-        return _reference().softmax(x, dim) if _reference_ops() else Softmax.apply(x, axis=dim)
+        return Softmax.apply(x, axis=dim)
 
     def log_softmax(self, dim, dtype=None):
         """x_i - log sum_j exp(x_j) along `dim` (F.log_softmax); `dtype` casts first."""
         x = self if dtype is None else self.to(dtype)
-        return _reference().log_softmax(x, dim) if _reference_ops() else LogSoftmax.apply(x, axis=dim)
+        return LogSoftmax.apply(x, axis=dim)
 
     # ------------------------------------------------------------ reductions
     # PyTorch's dim / keepdim, positional as in torch; numpy's axis= / keepdims=
@@ -792,16 +795,6 @@ def matmul(input, other):
     return MatMul.apply(*_promote(input, other))
 
 
-def _reference():
-    """The module of reference versions (`with reference_ops():` runs them). It
-    builds on Tensor, so it is imported when first needed, not at the top."""
-    from . import reference
-    return reference
-
-
-def _reference_ops():
-    """Whether `reference_ops()` is on in this thread (reference/composites.py's switch)."""
-    return _reference().is_reference_ops_enabled()
 
 
 autograd.register_tensor_type(Tensor, Tensor._make, as_tensor_like)  # the engine's graph nodes are Tensors

@@ -9,8 +9,8 @@ prefer to pay up front and say so:
 1. `signatures_of(step)` runs a training step as a dry run
    (`threads.dry_run`: no kernel runs) and lists which kernels it calls with
    which argument types, in the order of first use (`kernel_signatures()`
-   does it for tiny steps that call every kernel; the `train` command for
-   its own model's step);
+   does it for every op's `example` call, which together run every kernel;
+   the `train` command for its own model's step);
 2. `compile_kernels(calls)` compiles them (or loads them from the cache)
    in this process, with a progress line. With `helper=True` (the `train`
    command on a cold cache, on a machine with two cores or more) a second
@@ -43,59 +43,42 @@ import warnings
 import numba
 import numpy as np
 
+from .autograd import Function
 from .kernels import KERNELS, threads
 
 
-def training_steps(dtype=np.float32):
-    """Tiny training steps in `dtype` that together call every kernel a
-    Transformer step calls, with the argument types a step of any size gives
-    them: an encoder-decoder with padding and causal masks, dropout and a
-    label-smoothed cross-entropy; a pre-norm causal GPT block with GELU (exact
-    and tanh) and erfc (the reference GELU's); attention weights; a batched product; a row lookup."""
+EXAMPLE_SIZE = 64  # elements in the main input of each op's example: tiny, a dry run computes nothing anyway
+
+
+def ops_with_kernels():
+    """The registered ops that run a kernel: those that declare an `example` (autograd.Function)."""
+    return [op for op in Function.registry.values() if op.example is not None]
+
+
+def run_example(op, dtype=np.float32, size=EXAMPLE_SIZE):
+    """Forward and backward of op's example (`op.example(dtype, size)`) on
+    tensors: (output, input tensors). Floating inputs require grad; the
+    gradient from above is a fixed pattern, not ones (softmax's gradient of
+    ones is 0)."""
     import tinygrad_attn as tg
-    from tinygrad_attn import functional as F
-    from tinygrad_attn import nn
-    rand = lambda *shape: tg.Tensor(np.random.default_rng(0).standard_normal(shape).astype(dtype),
-                                    requires_grad=True)
-    model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16,
-                           dropout=0.1, batch_first=True)
-    head = nn.Linear(8, 5)
-    if dtype != np.float32:
-        model.to(dtype), head.to(dtype)
-    src, tgt = rand(2, 3, 8), rand(2, 4, 8)
-    padding = np.array([[False, False, True], [False, False, False]])
-    out = model(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(4),
-                src_key_padding_mask=padding, memory_key_padding_mask=padding)
-    F.cross_entropy(head(out).reshape(-1, 5), np.arange(8) % 5, label_smoothing=0.1).backward()
-    block = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", norm_first=True,
-                                       batch_first=True)
-    if dtype != np.float32:
-        block.to(dtype)
-    x = rand(2, 3, 8)
-    causal = nn.Transformer.generate_square_subsequent_mask(3)
-    (block(x, src_mask=causal, is_causal=True).sum() + x.gelu(approximate="tanh").sum() + x.erfc().sum()).backward()
-    q = rand(2, 3, 4)
-    _, w = F.scaled_dot_product_attention(q, q, q, need_weights=True)
-    table = rand(5, 4)  # an embedding's lookup: its backward is the scatter-add kernel
-    (w.sum() + F.log_softmax(q, -1).sum() + F.softmax(q, -1).sum() + (q @ q.swapaxes(-1, -2)).sum()
-     + table[np.array([[0, 3], [3, 1]])].sum()).backward()
-    llama_step(dtype)
+    arrays, params = op.example(dtype, size)
+    tensors = [tg.Tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
+    out = op.apply(*tensors, **params)
+    out.backward(np.cos(np.arange(out.data.size)).reshape(out.shape).astype(out.dtype))
+    return out, tensors
+
+
+def kernel_examples(dtype=np.float32):
+    """Every kernel in `dtype`, with the argument types a training step of any
+    size gives them: each op's example forward and backward, and an optimizer step."""
+    for op in ops_with_kernels():
+        run_example(op, dtype)
     optimizer_step(dtype)
 
 
-def llama_step(dtype=np.float32):
-    """The kernels a Llama block adds to a GPT's: RMSNorm and the rotary
-    embedding, forward and backward."""
-    import tinygrad_attn as tg
-    from tinygrad_attn import functional as F
-    from tinygrad_attn import nn
-    x = tg.Tensor(np.random.default_rng(0).standard_normal((2, 3, 2, 4)).astype(dtype), requires_grad=True)
-    cos, sin = nn.precompute_freqs_cis(4, 3)
-    F.apply_rotary_emb(F.rms_norm(x, 4, x[0, 0, 0] * 0 + 1, eps=1e-5), cos, sin).sum().backward()
-
-
 def optimizer_step(dtype=np.float32):
-    """Gradient clipping and a fused AdamW step on a throwaway parameter: their kernels."""
+    """Gradient clipping and a fused AdamW step on a throwaway parameter: the
+    kernels no op runs (optim/clip.py's and optim/adam.py's)."""
     import tinygrad_attn as tg
     from tinygrad_attn import optim
     p = tg.Tensor(np.zeros(3, dtype), requires_grad=True)
@@ -114,8 +97,8 @@ def signatures_of(step):
 
 
 def kernel_signatures(dtypes=(np.float32,)):
-    """[(kernel, argument types)] of `training_steps` in each dtype, first use first."""
-    return signatures_of(lambda: [training_steps(dtype) for dtype in dtypes])
+    """[(kernel, argument types)] of `kernel_examples` in each dtype, first use first."""
+    return signatures_of(lambda: [kernel_examples(dtype) for dtype in dtypes])
 
 
 def calls_key(calls):

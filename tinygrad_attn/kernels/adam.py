@@ -16,8 +16,8 @@ element sees the same operations in the same order as in the numpy
 version (no fast-math: no fused multiply-adds), so both give the same bits.
 """
 import numpy as np
-from numba import njit
 
+from .registry import kernel
 from .threads import parallel_for
 
 
@@ -25,7 +25,7 @@ from .threads import parallel_for
 # so the loop needs no check per element and vectorizes (no fast-math otherwise).
 # The arrays are sliced to [start, stop) and indexed from 0 (no negative-index
 # checks), each element loaded once into a local: the loop then runs ~7x faster.
-@njit(nogil=True, cache=True, error_model="numpy")
+@kernel(error_model="numpy")
 def _adam_update(p, g, m, v, v_max, shrink, weight_decay, decoupled, one_minus_beta1, beta2, one_minus_beta2,
                  amsgrad, maximize, eps, step_size, bias2, start, stop):
     ps, gs, ms, vs, vmaxs = p[start:stop], g[start:stop], m[start:stop], v[start:stop], v_max[start:stop]

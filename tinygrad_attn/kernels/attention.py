@@ -20,21 +20,34 @@ Backward, with dO = dL/dO (P is saved by forward):
     dS = P * (dP - rowsum(P * dP))       gradient w.r.t. the masked scores
     dQ = scale * dS K,   dK = scale * dS^T Q
 
-Q, K, V, O and the gradients are read and written where they are: matrix
-i of q starts at q[q_off[i]] with row stride q_ld, so the heads of a
+Q, K, V, O and the gradients are read and written where they are: each
+stack of matrices is one argument, a (buffer, offsets, row stride) triple
+(matrix i of q starts at buffer[offsets[i]]), so the heads of a
 (B, T, H, E) array, seen as (B, H, T, E), need no copy, and broadcast batch
 axes are repeated offsets (their gradients are written per batch index and
 summed by the caller). P is a C-ordered (n, L, S) array. The dropout mask
 is regenerated from (key, element index of P), the same stream
 `dropout_apply` would use on P.
+
+Grouped-query attention: `groups` consecutive query matrices share one
+key/value matrix (query matrix i reads K_j, V_j with j = i // groups;
+groups = 1 is ordinary attention), read in place, never copied. Their
+gradients are sums over the group,
+
+    dK_j = sum over i in group j of scale * dS_i^T Q_i,   dV_j = sum of (P_i * D_i)^T G_i
+
+so backward hands each thread whole groups: the first query of a group
+writes dK_j and dV_j (BLAS with beta = 0), the others add to them (beta
+= 1), always in the same order, so the sums are bit-identical whatever
+the number of threads.
 """
 import numpy as np
-from numba import njit
 
 from .blas import gemm, library
 from .fastmath import SUM_FASTMATH, exp
 from .matmul import MACS_PER_ELEMENT
 from .random_bits import uniform_bits
+from .registry import kernel
 from .threads import parallel_for
 
 
@@ -43,23 +56,31 @@ from .threads import parallel_for
 # SUM_FASTMATH: nothing here can be regrouped dangerously (sums, and the
 # exp of one difference, which `exp` computes with its own flags).
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
-def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask,
-                      causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
-                      start, stop):
-    """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev).
+@kernel(fastmath=SUM_FASTMATH)
+def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights, out, start, stop):
+    """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev),
+    with K, V the key/value matrix j = i // groups.
 
-    Dropout is on when keep_scale != 1 (keep_scale = 1 / (1 - p)).
+    q, k, v, out: (buffer, offsets, row stride) of each stack of matrices;
+    mask: (additive masks, the mask of each batch index, whether there is
+    one); dropout: (key, threshold, keep_scale), on when keep_scale != 1
+    (keep_scale = 1 / (1 - p)).
     """
+    q_mem, q_off, q_ld = q
+    k_mem, k_off, k_ld = k
+    v_mem, v_off, v_ld = v
+    out_mem, out_off, out_ld = out
+    masks, mask_of, use_mask = mask
+    key, threshold, keep_scale = dropout
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
     minus_inf = weights.dtype.type(-np.inf)  # not -np.inf: a float64 m would make the exps float64
     dropped = np.empty((L, S), weights.dtype)  # this thread's buffer for P * D
     for i in range(start, stop):
-        p = weights[i]
-        gemm(blas, False, True, L, S, E, scale, q[q_off[i]:], q_ld, k[k_off[i]:], k_ld,
-             zero, p.reshape(-1), S)  # scale * Q K^T
-        m_i = mask[im[i]]
+        p, j = weights[i], i // groups
+        # P = scale Q K^T, written into P's own memory
+        gemm(blas, False, True, L, S, E, scale, q_mem[q_off[i]:], q_ld, k_mem[k_off[j]:], k_ld, zero, p.reshape(-1), S)
+        m_i = masks[mask_of[i]]
         for r in range(L):  # P = softmax(P + mask) row by row; rows with no key left become 0
             row = p[r]
             keys = (r + 1 if r + 1 < S else S) if causal else S  # causal: query r sees keys 0..r
@@ -90,47 +111,71 @@ def _attention_forward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, 
                     keep = uniform_bits(key, base + r * S + c) >= threshold
                     dropped[r, c] = p[r, c] * (keep_scale if keep else zero)
             p_times_d = dropped
-        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v[v_off[i]:], v_ld,
-             zero, out[out_off[i]:], out_ld)
+        # O = (P * D) V
+        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v_mem[v_off[j]:], v_ld,
+             zero, out_mem[out_off[i]:], out_ld)
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
-def _attention_backward(blas, q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights,
-                       grad, g_off, g_ld, scale, key, threshold, keep_scale,
-                       dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
-                       dscores, want_dscores, start, stop):
-    """For batch indices [start, stop): dQ_i, dK_i, dV_i and, if asked, dscores[i] (dL/d masked scores)."""
+@kernel(fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
+def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, groups, dq, dk, dv, dscores,
+                        start, stop):
+    """For key/value matrices j in [start, stop): dK_j and dV_j, summed over the
+    query matrices i of group j (i = j * groups, ..., j * groups + groups - 1,
+    in that order), and each one's dQ_i and, if asked, dL/d masked scores.
+
+    q, k, v, grad (= dL/dO), dq, dk, dv: (buffer, offsets, row stride) of
+    each stack; dropout as in forward; dscores: ((n, L, S) array, whether
+    to fill it with dS).
+    """
+    q_mem, q_off, q_ld = q
+    k_mem, k_off, k_ld = k
+    v_mem, v_off, v_ld = v
+    g_mem, g_off, g_ld = grad
+    dq_mem, dq_off, dq_ld = dq
+    dk_mem, dk_off, dk_ld = dk
+    dv_mem, dv_off, dv_ld = dv
+    key, threshold, keep_scale = dropout
+    scores_out, want_dscores = dscores
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
     dp = np.empty((L, S), weights.dtype)  # this thread's own buffers
     dropped = np.empty((L, S), weights.dtype)
-    for i in range(start, stop):
-        p = weights[i]
-        gemm(blas, False, True, L, S, Ev, one, grad[g_off[i]:], g_ld, v[v_off[i]:], v_ld, zero, dp.reshape(-1), S)
-        p_times_d = p
-        if keep_scale != 1:  # dP = (G V^T) * D, dV = (P * D)^T G
-            base = i * L * S
-            for r in range(L):
+    for j in range(start, stop):
+        for i in range(j * groups, (j + 1) * groups):
+            p = weights[i]
+            added = zero if i == j * groups else one  # dK_j, dV_j: the first query writes, the others add
+            # dP = G V^T
+            gemm(blas, False, True, L, S, Ev, one, g_mem[g_off[i]:], g_ld, v_mem[v_off[j]:], v_ld,
+                 zero, dp.reshape(-1), S)
+            p_times_d = p
+            if keep_scale != 1:  # dP = (G V^T) * D, and P * D for dV
+                base = i * L * S
+                for r in range(L):
+                    for c in range(S):
+                        factor = keep_scale if uniform_bits(key, base + r * S + c) >= threshold else zero
+                        dropped[r, c] = p[r, c] * factor
+                        dp[r, c] *= factor
+                p_times_d = dropped
+            # dV = (P * D)^T G  (+ dV of the group's queries before)
+            gemm(blas, True, False, S, Ev, L, one, p_times_d.reshape(-1), S, g_mem[g_off[i]:], g_ld,
+                 added, dv_mem[dv_off[j]:], dv_ld)
+            for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
+                pr, dr = p[r], dp[r]
+                s = zero
                 for c in range(S):
-                    factor = keep_scale if uniform_bits(key, base + r * S + c) >= threshold else zero
-                    dropped[r, c] = p[r, c] * factor
-                    dp[r, c] *= factor
-            p_times_d = dropped
-        gemm(blas, True, False, S, Ev, L, one, p_times_d.reshape(-1), S, grad[g_off[i]:], g_ld,
-             zero, dv[dv_off[i]:], dv_ld)
-        for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
-            pr, dr = p[r], dp[r]
-            s = zero
-            for c in range(S):
-                s += pr[c] * dr[c]
-            for c in range(S):
-                dr[c] = pr[c] * (dr[c] - s)
-            if want_dscores:
-                ds = dscores[i, r]
-                for c in range(S):  # an explicit loop: array assignment compiles slowly
-                    ds[c] = dr[c]
-        gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k[k_off[i]:], k_ld, zero, dq[dq_off[i]:], dq_ld)
-        gemm(blas, True, False, S, E, L, scale, dp.reshape(-1), S, q[q_off[i]:], q_ld, zero, dk[dk_off[i]:], dk_ld)
+                    s += pr[c] * dr[c]
+                for c in range(S):
+                    dr[c] = pr[c] * (dr[c] - s)
+                if want_dscores:
+                    ds = scores_out[i, r]
+                    for c in range(S):  # an explicit loop: array assignment compiles slowly
+                        ds[c] = dr[c]
+            # dQ = scale dS K
+            gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k_mem[k_off[j]:], k_ld,
+                 zero, dq_mem[dq_off[i]:], dq_ld)
+            # dK = scale dS^T Q  (+ dK of the group's queries before)
+            gemm(blas, True, False, S, E, L, scale, dp.reshape(-1), S, q_mem[q_off[i]:], q_ld,
+                 added, dk_mem[dk_off[j]:], dk_ld)
 
 
 def _item_size(L, S, E, Ev, directions):
@@ -138,20 +183,18 @@ def _item_size(L, S, E, Ev, directions):
     return L * S * (E + Ev) * directions // MACS_PER_ELEMENT + L * S
 
 
-def attention_forward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask, im, use_mask, causal, scale,
-                      key, threshold, keep_scale, weights, out, out_off, out_ld):
-    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_i for every batch index i (see above)."""
+def attention_forward(q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights, out):
+    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_j, j = i // groups, for every batch
+    index i (see above); the arguments are those of `_attention_forward`."""
     n, L, S = weights.shape
-    parallel_for(_attention_forward, n, library(), q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, mask,
-                 im, use_mask, causal, scale, key, threshold, keep_scale, weights, out, out_off, out_ld,
-                 item_size=_item_size(L, S, E, Ev, 1), blas=True)
+    parallel_for(_attention_forward, n, library(), q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights,
+                 out, item_size=_item_size(L, S, E, Ev, 1), blas=True)
 
 
-def attention_backward(q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev, weights, grad, g_off, g_ld,
-                       scale, key, threshold, keep_scale, dq, dq_off, dq_ld, dk, dk_off, dk_ld, dv, dv_off, dv_ld,
-                       dscores, want_dscores):
-    """dQ_i, dK_i, dV_i (and dscores[i] = dL/d masked scores if asked) for every batch index i."""
+def attention_backward(q, k, v, E, Ev, weights, grad, scale, dropout, groups, dq, dk, dv, dscores):
+    """dQ_i (and dL/d masked scores if asked) for every batch index i, and dK_j, dV_j
+    for every key/value matrix j, summed over its group; the arguments are those of
+    `_attention_backward`. One thread does a whole group, in order: deterministic."""
     n, L, S = weights.shape
-    parallel_for(_attention_backward, n, library(), q, q_off, q_ld, k, k_off, k_ld, v, v_off, v_ld, E, Ev,
-                 weights, grad, g_off, g_ld, scale, key, threshold, keep_scale, dq, dq_off, dq_ld, dk, dk_off,
-                 dk_ld, dv, dv_off, dv_ld, dscores, want_dscores, item_size=_item_size(L, S, E, Ev, 2), blas=True)
+    parallel_for(_attention_backward, n // groups, library(), q, k, v, E, Ev, weights, grad, scale, dropout, groups,
+                 dq, dk, dv, dscores, item_size=groups * _item_size(L, S, E, Ev, 2), blas=True)

@@ -224,7 +224,8 @@ def _gemm_loops(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
 
 
 def gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """What the compiled version computes (this body only runs outside Numba)."""
+    """What the compiled version computes (this body only runs outside Numba).
+    beta == 0 overwrites C without reading it, as BLAS does (C may hold NaN)."""
     def matrix(x, rows, cols, ld):
         return np.lib.stride_tricks.as_strided(x, (rows, cols), (ld * x.itemsize, x.itemsize))
     op_a = matrix(a, k, m, lda).T if trans_a else matrix(a, m, k, lda)

@@ -10,15 +10,15 @@ numpy's float64 dot product, which would also copy the array to float64
 and, for a large array, wake BLAS's own threads between our jobs.
 """
 import numpy as np
-from numba import njit
 
 from .fastmath import SUM_FASTMATH
+from .registry import kernel
 from .threads import parallel_for
 
 _BLOCK = 1 << 16  # elements per partial sum
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _sum_of_squares(x, partial, start, stop):
     """partial[b] = the sum of squares of block b of x, for blocks [start, stop)."""
     n = x.shape[0]

@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from .fastmath import KERNEL_FASTMATH, SUM_FASTMATH, exp
+from .registry import kernel
 from .threads import parallel_for
 
 
@@ -42,7 +43,7 @@ def row_sums(row):
     return m, s, total
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@kernel(fastmath=KERNEL_FASTMATH)
 def _cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_max_out, log_sum, start, stop):
     """Fill loss, and the row max m and log s for backward, for rows [start, stop)."""
     rows, classes = logits.shape
@@ -68,7 +69,7 @@ def _cross_entropy_forward(logits, target, ignore_index, smoothing, loss, row_ma
             loss[r] = value
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@kernel(fastmath=KERNEL_FASTMATH)
 def _cross_entropy_backward(logits, target, row_max, log_sum, row_grad, ignore_index, smoothing, out,
                             start, stop):
     """out = dL/dlogits for rows [start, stop), where row_grad[r] = dL/dloss[r]."""

@@ -9,14 +9,13 @@ arithmetic (no per-element call into a random number library).
 Dropout is linear in x, so backward is the same call on the gradient with
 the same key. Indices are taken modulo 2^32.
 """
-from numba import njit
-
 from .fastmath import KERNEL_FASTMATH
 from .random_bits import uniform_bits
+from .registry import kernel
 from .threads import parallel_for
 
 
-@njit(nogil=True, cache=True, fastmath=KERNEL_FASTMATH)
+@kernel(fastmath=KERNEL_FASTMATH)
 def _dropout_apply(x, key, threshold, scale, out, start, stop):
     """out[i] = x[i] * mask[i] * scale for i in [start, stop) (1-D arrays)."""
     zero = x.dtype.type(0)

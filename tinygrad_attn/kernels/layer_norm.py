@@ -35,12 +35,13 @@ import numpy as np
 from numba import njit
 
 from .fastmath import SUM_FASTMATH
+from .registry import kernel
 from .threads import parallel_for
 
 _BLOCKS = 32  # backward's partial sums of dw and db: at most this many, each a fixed block of rows
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _layer_norm_forward(x, weight, bias, eps, out, mean, rstd, redo, start, stop):
     """out = layer_norm(x) * weight + bias and mean, rstd for rows [start, stop);
     a row whose variance is not finite gets rstd NaN and sets redo[0]."""
@@ -106,7 +107,7 @@ def _layer_norm_rescaled(x, weight, bias, eps, out, mean, rstd):
             yr[j] = (xr[j] - mu) * rs * weight[j] + bias[j]
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _layer_norm_backward(x, weight, mean, rstd, grad, dx, dweight_blocks, dbias_blocks, block_rows,
                          start, stop):
     """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sums of dw, db."""

@@ -24,16 +24,17 @@ its shape alone, so a result never depends on the number of threads. A
 hand-written GEMM in Numba is slower than BLAS (blas.py's loops, the
 route when no BLAS is found: ~5.5x).
 
-Operands are read where they are: matrix i of a starts at a[a_off[i]] with
-row stride lda, so permuted views, transposed views (K^T: the flag tells
-BLAS to read it transposed) and broadcast batch axes (repeated offsets)
-need no copy. Rows r0:r1 of op(A) start r0 rows into A, or r0 columns into
-it when A is read transposed (and likewise for a slice of the sum).
+Operands are read where they are: each is one (buffer, offsets, row
+stride) triple, matrix i starting at buffer[offsets[i]], so permuted
+views, transposed views (K^T: the flag tells BLAS to read it
+transposed) and broadcast batch axes (repeated offsets) need no copy.
+Rows r0:r1 of op(A) start r0 rows into A, or r0 columns into it when A
+is read transposed (and likewise for a slice of the sum).
 """
 import numpy as np
-from numba import njit
 
 from .blas import gemm, library
+from .registry import kernel
 from .threads import GRAIN, parallel_for
 
 MACS_PER_ELEMENT = 32  # a multiply-add in BLAS costs ~1/32 of an element of the other kernels' work
@@ -41,11 +42,13 @@ _MAX_PIECES = 4  # a product in at most this many pieces
 _MIN_ROWS, _MIN_DEPTH = 64, 256  # the smallest piece worth a BLAS call, along m and along k
 
 
-@njit(nogil=True, cache=True)
-def _matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, block_rows, chunk, bias, out,
-            start, stop):
+@kernel
+def _matmul(blas, a, trans_a, b, trans_b, m, n, k, block_rows, chunk, bias, out, start, stop):
     """Items [start, stop): item j is rows [r0, r0 + block_rows) of product i, over
-    [k0, k0 + chunk) of the sum; written to out[i * chunks + c] (out: (count * chunks, m, n))."""
+    [k0, k0 + chunk) of the sum; written to out[i * chunks + c] (out: (count * chunks, m, n)).
+    a, b: (buffer, offsets, row stride) of each stack of matrices."""
+    a_memory, a_off, lda = a
+    b_memory, b_off, ldb = b
     one, zero = out.dtype.type(1), out.dtype.type(0)
     blocks, chunks = (m + block_rows - 1) // block_rows, (k + chunk - 1) // chunk
     flat = out.reshape(out.size)
@@ -57,7 +60,9 @@ def _matmul(blas, a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, block
         first_a = a_off[i] + (r0 + k0 * lda if trans_a else r0 * lda + k0)
         first_b = b_off[i] + (k0 if trans_b else k0 * ldb)
         o = ((i * chunks + c) * m + r0) * n
-        gemm(blas, trans_a, trans_b, rows, n, depth, one, a[first_a:], lda, b[first_b:], ldb, zero, flat[o:], n)
+        # out[i * chunks + c][r0:r0 + rows] = op(A_i)[r0:r0 + rows, k0:k0 + depth] op(B_i)[k0:k0 + depth]
+        gemm(blas, trans_a, trans_b, rows, n, depth, one, a_memory[first_a:], lda, b_memory[first_b:], ldb, zero,
+             flat[o:], n)
         if bias.shape[0]:  # added while the block is in cache (only when the sum is not cut)
             for r in range(rows):
                 row = flat[o + r * n:o + (r + 1) * n]  # indices from range(n): the loop vectorizes
@@ -82,10 +87,12 @@ def pieces(m, n, k):
     return -(-m // _power_of_two(min(count, max(1, m // _MIN_ROWS)))), k
 
 
-def batched_matmul(a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out, bias=None):
+def batched_matmul(a, trans_a, b, trans_b, m, n, k, out, bias=None):
     """out[i] = op(A_i) @ op(B_i) (+ bias, shape (n,)) for every i; out: C-ordered (count, m, n).
 
-    a and b are 1-D buffers, the offsets int64 arrays of one start per product."""
+    a and b are (buffer, offsets, row stride) triples: a 1-D buffer, an int64
+    array of one start per product, and the row stride."""
+    a_off = a[1]
     if out.size == 0:
         return
     if k == 0:  # an empty sum
@@ -95,7 +102,7 @@ def batched_matmul(a, a_off, lda, trans_a, b, b_off, ldb, trans_b, m, n, k, out,
     blocks, chunks = -(-m // rows), -(-k // chunk)
     target = out if chunks == 1 else np.empty((len(a_off) * chunks, m, n), out.dtype)
     none = np.zeros(0, out.dtype)
-    parallel_for(_matmul, len(a_off) * blocks * chunks, library(), a, a_off, lda, trans_a, b, b_off, ldb, trans_b,
+    parallel_for(_matmul, len(a_off) * blocks * chunks, library(), a, trans_a, b, trans_b,
                  m, n, k, rows, chunk, none if bias is None or chunks > 1 else bias, target,
                  item_size=rows * n * chunk // MACS_PER_ELEMENT, blas=True)
     if chunks > 1:  # the partial products, added in chunk order

@@ -11,12 +11,11 @@ element, and np.add.reduceat over the sorted rows calls its inner loop
 once per row (~0.7 ms for W1's 2048 x 128 gradient into 64 rows, against
 ~0.1 ms here).
 """
-from numba import njit
-
+from .registry import kernel
 from .threads import parallel_for
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _scatter_add_runs(grad, order, starts, targets, out, start, stop):
     """For runs r in [start, stop): out[targets[r]] += grad[order[j]] for j in
     [starts[r], starts[r + 1]), in that order (grad: (n, width), out: (rows, width))."""

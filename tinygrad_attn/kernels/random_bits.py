@@ -41,4 +41,5 @@ def uniform_bits_numpy(key, indices):
         x = x * np.uint32(0x846CA68B)
         return x ^ (x >> np.uint32(16))
     key = np.uint32(key)
-    return mix(mix(np.asarray(indices).astype(np.uint32) ^ key) + key)
+    with np.errstate(over="ignore"):  # a 0-d array computes as a scalar, which warns where arrays wrap silently
+        return mix(mix(np.asarray(indices).astype(np.uint32) ^ key) + key)

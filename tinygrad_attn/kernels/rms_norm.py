@@ -20,15 +20,15 @@ rows, each adding its rows' dw into its own partial sum, which the caller
 adds in block order, so the result does not depend on the thread count.
 """
 import numpy as np
-from numba import njit
 
 from .fastmath import SUM_FASTMATH
+from .registry import kernel
 from .threads import parallel_for
 
 _BLOCKS = 32  # backward's partial sums of dw: at most this many, each a fixed block of rows
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _rms_norm_forward(x, weight, eps, out, rstd, start, stop):
     """out = x * rstd * weight and rstd for rows [start, stop)."""
     n = x.shape[1]
@@ -45,7 +45,7 @@ def _rms_norm_forward(x, weight, eps, out, rstd, start, stop):
             yr[j] = xr[j] * rs * weight[j]
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _rms_norm_backward(x, weight, rstd, grad, dx, dweight_blocks, block_rows, start, stop):
     """For blocks [start, stop) of `block_rows` rows: dx, and each block's partial sum of dw."""
     rows, n = x.shape

@@ -14,12 +14,12 @@ is its inverse. So the backward is the same loop with sin negated
 
 Each (row, head, pair) is computed on its own: no sums, nothing to regroup.
 """
-from numba import njit
 
+from .registry import kernel
 from .threads import parallel_for
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _rotary(x, cos, sin, sign, out, start, stop):
     """out = x rotated pairwise by the angles of each row's position, sin scaled
     by `sign` (1: forward, -1: the inverse rotation), for rows [start, stop)."""

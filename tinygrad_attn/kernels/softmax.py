@@ -17,9 +17,9 @@ The loops are serial over a range of rows [start, stop) and release the
 GIL; the functions at the end run them over all rows on our threads.
 """
 import numpy as np
-from numba import njit
 
 from .fastmath import SUM_FASTMATH, exp
+from .registry import kernel
 from .threads import parallel_for
 
 # SUM_FASTMATH lets LLVM reorder the row sums (see fastmath.py). The one
@@ -27,7 +27,7 @@ from .threads import parallel_for
 # x - m is stored first and log s subtracted in a second loop.
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _softmax_forward(x, out, log, start, stop):
     """out[r] = softmax(x[r]) (log_softmax if `log`) for rows r in [start, stop)."""
     n = x.shape[1]
@@ -56,7 +56,7 @@ def _softmax_forward(x, out, log, start, stop):
                 yr[j] *= inv
 
 
-@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+@kernel(fastmath=SUM_FASTMATH)
 def _softmax_backward(y, grad, out, log, start, stop):
     """out = dL/dx from the forward output y and grad = dL/dy, rows [start, stop)."""
     n = y.shape[1]

@@ -254,6 +254,19 @@ class ReLU(Module):
         return F.relu(input)
 
 
+class SiLU(Module):
+    """y = x * sigmoid(x) (SiLU, or swish). SiLU(inplace=False); inplace=True is not implemented."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        no_inplace("SiLU", inplace)
+        self.inplace = inplace
+
+    def forward(self, input):
+        """SiLU of `input`, elementwise."""
+        return F.silu(input)
+
+
 class GELU(Module):
     """y = x * Phi(x) (Phi: the standard normal CDF; approximate="tanh" for
     the tanh approximation)."""
@@ -304,17 +317,3 @@ class RMSNorm(Module):
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
-
-
-class SiLU(Module):
-    """y = x * sigmoid(x) (the Swish of SwiGLU). SiLU(inplace=False); inplace=True
-    is not implemented."""
-
-    def __init__(self, inplace=False):
-        super().__init__()
-        no_inplace("SiLU", inplace)
-        self.inplace = inplace
-
-    def forward(self, input):
-        """x * sigmoid(x), elementwise."""
-        return F.silu(input)

@@ -11,12 +11,16 @@ attention    scaled dot-product attention, weights    (fused Numba kernel)
 dropout      dropout                                  (Numba kernel)
 rms_norm     rms_norm                                 (fused Numba kernel)
 rotary       rotary position embedding                (fused Numba kernel)
+array_views  how ops hand arrays to kernels (no ops)
 
 Each op module's kernels are in `tinygrad_attn/kernels/` under the same name
 (ops/layer_norm.py calls kernels/layer_norm.py); they know only numpy arrays.
 The readable twins of the fused ops (composites of primitive ops, and each
 backward in plain numpy) are in `tinygrad_attn/reference/`.
 """
-from . import (attention, cross_entropy, dropout, elementwise, layer_norm, matmul, movement,  # noqa: F401
-               reduce, softmax)  # imported to register the ops
-from . import rms_norm, rotary  # noqa: F401
+import importlib
+import pkgutil
+
+# Every module here, so that each op is in Function.registry (a new file needs no entry here).
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

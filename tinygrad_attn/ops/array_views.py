@@ -111,3 +111,8 @@ def output_like(x, shape, dtype):
     if (c == 1 or out.strides[-1] == out.itemsize) and (r == 1 or out.strides[-2] >= c * out.itemsize):
         return out
     return np.empty(shape, dtype)
+
+
+def random_array(dtype, *shape, seed=0):
+    """Standard normal values of `shape` in `dtype`, the same each call: inputs of the ops' `example`s."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)

@@ -20,8 +20,9 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
-from .. import kernels
-from .array_views import as_matrices, as_rows, batch_index, float_dtype, output_like
+from ..kernels.attention import attention_backward, attention_forward
+from ..kernels.softmax import softmax_backward
+from .array_views import as_matrices, as_rows, batch_index, float_dtype, output_like, random_array
 from .dropout import draw_key, keep_rule
 from .matmul import stack_product
 
@@ -35,11 +36,27 @@ def check_mask_dtype(mask, op, name="attn_mask"):
                         "(convert 0/1 flags with mask.astype(bool))")
 
 
+def gqa_groups(op, q_shape, k_shape, v_shape):
+    """Grouped-query attention: how many query heads (axis -3) share each key/value
+    head, Hq // Hkv, or a ShapeError naming the op and the shapes."""
+    if len(q_shape) < 3 or len(k_shape) < 3 or len(v_shape) < 3:
+        raise ShapeError(f"{op}: enable_gqa needs heads on axis -3, got query {q_shape}, key {k_shape} "
+                         f"and value {v_shape}")
+    hq, hkv = q_shape[-3], k_shape[-3]
+    if v_shape[-3] != hkv or hq % hkv:
+        raise ShapeError(f"{op}: with enable_gqa the number of query heads {hq} must be a multiple of the "
+                         f"key/value heads, the same in key and value (query {q_shape}, key {k_shape}, "
+                         f"value {v_shape})")
+    return hq // hkv
+
+
 class _Plan:
     """Shapes, dtype and the BLAS view of Q, K, V (no copies) for one attention call."""
 
-    def __init__(self, op, q, k, v, mask, value_batch=()):
-        """`v` may be None (for the weights alone; `value_batch` then gives its batch shape)."""
+    def __init__(self, op, q, k, v, mask, value_batch=(), enable_gqa=False):
+        """`v` may be None (for the weights alone; `value_batch` then gives its batch shape).
+        With enable_gqa, groups = Hq // Hkv consecutive query heads share a key/value head:
+        K and V are read over `kv_batch`, the batch with Hkv heads."""
         operands = (q, k) if v is None else (q, k, v)
         if min(a.ndim for a in operands) < 2 or q.shape[-1] != k.shape[-1] \
                 or (v is not None and k.shape[-2] != v.shape[-2]):
@@ -54,12 +71,17 @@ class _Plan:
         if mask is not None:
             check_mask_dtype(mask, op)
             broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
-        self.batch = broadcast_shapes(f"{op} (batch dimensions)", *(a.shape[:-2] for a in operands),
-                                      mask_batch, value_batch)
+        self.groups = gqa_groups(op, q.shape, k.shape, v.shape) if enable_gqa else 1
+        # a shared key/value head stands for its group's query heads: broadcast as if it had Hq
+        kv_batches = [a.shape[:-3] + q.shape[-3:-2] if self.groups > 1 else a.shape[:-2] for a in operands[1:]]
+        self.batch = broadcast_shapes(f"{op} (batch dimensions)", q.shape[:-2], *kv_batches, mask_batch,
+                                      value_batch)
+        self.kv_batch = self.batch[:-1] + k.shape[-3:-2] if self.groups > 1 else self.batch
         self.n = math.prod(self.batch)
         self.inputs = [a.astype(self.dtype, copy=False) for a in operands]
-        self.q, self.k = (self.blas(a) for a in self.inputs[:2])
-        self.v = self.blas(self.inputs[2]) if v is not None else None
+        self.q = self.blas(self.inputs[0])
+        self.k = self.blas(self.inputs[1], self.kv_batch)
+        self.v = self.blas(self.inputs[2], self.kv_batch) if v is not None else None
         if mask is None:
             self.mask, self.im = np.zeros((1, 1, 1), self.dtype), np.zeros(self.n, np.int64)
         else:
@@ -76,15 +98,18 @@ class _Plan:
         """The scale of the scores, in the plan's dtype: 1/sqrt(E) by default."""
         return self.dtype.type((1 / math.sqrt(self.E) if self.E else 1.0) if scale is None else scale)
 
-    def blas(self, x):
-        """(buffer, offsets, row stride) of x's matrices over the full batch (see as_matrices)."""
-        return as_matrices(x, self.batch)[:3]
+    def blas(self, x, batch=None):
+        """(buffer, offsets, row stride) of x's matrices over the full batch, or `batch`
+        (see as_matrices)."""
+        return as_matrices(x, self.batch if batch is None else batch)[:3]
 
-    def output(self, like, rows, cols):
-        """An output (batch..., rows, cols): laid out like `like` when that has the full batch
-        (a permuted view in gives a permuted result out), else C-ordered and full-batch."""
-        shape = self.batch + (rows, cols)
-        if like.shape[:-2] == self.batch:
+    def output(self, like, rows, cols, batch=None):
+        """An output (batch..., rows, cols), batch the full batch unless given: laid out like
+        `like` when that has this batch (a permuted view in gives a permuted result out), else
+        C-ordered."""
+        batch = self.batch if batch is None else batch
+        shape = batch + (rows, cols)
+        if like.shape[:-2] == batch:
             return output_like(like, shape, self.dtype)
         return np.empty(shape, self.dtype)
 
@@ -104,8 +129,8 @@ def _attend(ctx, plan, out, has_mask, is_causal, scale, dropout_p, seed):
         key = draw_key() if seed is None else np.uint32(seed)
     weights = np.empty((plan.n, plan.L, plan.S), dtype)
     if plan.n and plan.L:
-        kernels.attention_forward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, plan.mask, plan.im, has_mask,
-                                  bool(is_causal), scale, key, threshold, keep_scale, weights, *plan.blas(out))
+        attention_forward(plan.q, plan.k, plan.v, plan.E, plan.Ev, (plan.mask, plan.im, has_mask), bool(is_causal),
+                          scale, (key, threshold, keep_scale), plan.groups, weights, plan.blas(out))
     ctx.plan, ctx.scale, ctx.dropout = plan, scale, (key, threshold, keep_scale)
     ctx.weights = weights.reshape(plan.batch + (plan.L, plan.S))
     ctx.save_for_backward(weights)
@@ -119,9 +144,10 @@ def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
     plan = ctx.plan
     dmask = np.zeros((plan.n, plan.L, plan.S) if want_dmask else (1, 1, 1), plan.dtype)
     if plan.n and plan.L:
-        kernels.attention_backward(*plan.q, *plan.k, *plan.v, plan.E, plan.Ev, weights,
-                                   *plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, *ctx.dropout,
-                                   *plan.blas(dq), *plan.blas(dk), *plan.blas(dv), dmask, want_dmask)
+        attention_backward(plan.q, plan.k, plan.v, plan.E, plan.Ev, weights,
+                           plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, ctx.dropout, plan.groups,
+                           plan.blas(dq), plan.blas(dk, plan.kv_batch), plan.blas(dv, plan.kv_batch),
+                           (dmask, want_dmask))
     else:
         dk[...], dv[...] = 0, 0  # no query: nothing flows back
     return dmask.reshape(plan.batch + (plan.L, plan.S)) if want_dmask else None
@@ -139,14 +165,22 @@ class ScaledDotProductAttention(Function):
         dL/dV = (P * D)^T G,   dP = (G V^T) * D,   dS = P * (dP - rowsum(P * dP))
         dL/dQ = scale * dS K,  dL/dK = scale * dS^T Q,  dL/dM = dS (float mask)
 
+    With enable_gqa (grouped-query attention), K and V have Hkv heads on axis
+    -3 and Q has Hq, a multiple: query head h reads key/value head
+    h // (Hq / Hkv), where it lies (no copy), and the gradient of a shared
+    head is the sum over the query heads of its group:
+
+        dL/dK_j = sum over h in group j of scale * dS_h^T Q_h,   dL/dV_j = sum of (P_h * D_h)^T G_h
+
     Forward keeps P on ctx.weights (need_weights returns it); it has the
     batch shape of the output (q, k, v and the mask broadcast together).
     Readable version: tinygrad_attn.reference.numpy_backward.attention_backward.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=None):
-        plan = _Plan("scaled_dot_product_attention", q, k, v, attn_mask)
+    def forward(ctx, q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, seed=None,
+                enable_gqa=False):
+        plan = _Plan("scaled_dot_product_attention", q, k, v, attn_mask, enable_gqa=enable_gqa)
         out = plan.output(q, plan.L, plan.Ev)
         _attend(ctx, plan, out, attn_mask is not None, is_causal, scale, dropout_p, seed)
         return out
@@ -155,11 +189,18 @@ class ScaledDotProductAttention(Function):
     def backward(ctx, grad):
         plan = ctx.plan
         q, k, v = plan.inputs
-        dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E)
-        dv = plan.output(v, plan.S, plan.Ev)
+        dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E, plan.kv_batch)
+        dv = plan.output(v, plan.S, plan.Ev, plan.kv_batch)
         has_mask = len(ctx.needs_input_grad) > 3
         dmask = _attend_backward(ctx, grad, dq, dk, dv, has_mask and ctx.needs_input_grad[3])
         return (dq, dk, dv) + ((dmask,) if has_mask else ())
+
+    @staticmethod
+    def example(dtype, size):
+        batch = max(1, size // (4 * 48 * 32))  # (batch, 4 heads, 48 positions, head size 32)
+        q = random_array(dtype, batch, 4, 48, 32)
+        k, v = (random_array(dtype, batch, 2, 48, 32, seed=i) for i in (1, 2))  # 2 key/value heads, 2 queries each
+        return (q, k, v), dict(is_causal=True, dropout_p=0.1, seed=3, enable_gqa=True)
 
 
 class AttentionWeights(Function):
@@ -174,11 +215,12 @@ class AttentionWeights(Function):
         dL/dQ = scale * dS K,   dL/dK = scale * dS^T Q,   dL/dM = dS (float mask)
 
     Readable version: tinygrad_attn.reference.numpy_backward.attention_backward
-    (its grad_weights= is this G).
+    (its grad_weights= is this G). `is_causal` is in P already (the
+    composite twin, which computes P, reads it).
     """
 
     @staticmethod
-    def forward(ctx, q, k, attn_mask=None, weights=None, scale=None, value_batch=()):
+    def forward(ctx, q, k, attn_mask=None, weights=None, scale=None, value_batch=(), is_causal=False):
         plan = _Plan("attention weights", q, k, None, attn_mask, value_batch)
         if weights is None or weights.shape != plan.batch + (plan.L, plan.S):
             raise ShapeError(f"attention weights: weights of shape "
@@ -197,7 +239,7 @@ class AttentionWeights(Function):
         p2 = as_rows(weights)
         ds = np.empty_like(p2)
         if ds.size:
-            kernels.softmax_backward(p2, as_rows(grad, plan.dtype), ds, False)
+            softmax_backward(p2, as_rows(grad, plan.dtype), ds, False)
         ds = ds.reshape(plan.batch + (plan.L, plan.S))
         dsm = plan.blas(ds)
         dq = stack_product(dsm, False, plan.k, False, plan.batch, plan.L, plan.E, plan.S, plan.dtype)
@@ -206,6 +248,13 @@ class AttentionWeights(Function):
         if len(ctx.needs_input_grad) > 2:
             grads += (ds if ctx.needs_input_grad[2] else None,)
         return grads
+
+    @staticmethod
+    def example(dtype, size):
+        batch = max(1, size // (4 * 48 * 32))
+        q, k = (random_array(dtype, batch, 4, 48, 32, seed=i) for i in range(2))
+        weights = np.exp(random_array(dtype, batch, 4, 48, 48, seed=2))
+        return (q, k), dict(weights=weights / weights.sum(axis=-1, keepdims=True))
 
 
 def _heads(x, parts, num_heads, op):
@@ -260,3 +309,8 @@ class PackedSelfAttention(Function):
         dmask = _attend_backward(ctx, grad_heads, *_heads(dqkv, 3, H, "packed self-attention"),
                                  has_mask and ctx.needs_input_grad[1])
         return (dqkv,) + ((dmask,) if has_mask else ())
+
+    @staticmethod
+    def example(dtype, size):
+        qkv = random_array(dtype, max(1, size // (48 * 3 * 4 * 32)), 48, 3 * 4 * 32)  # 4 heads of size 32
+        return (qkv,), dict(num_heads=4, is_causal=True, dropout_p=0.1, seed=3)

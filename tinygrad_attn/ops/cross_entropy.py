@@ -9,8 +9,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError
-from .. import kernels
-from .array_views import float_dtype
+from ..kernels.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from .array_views import float_dtype, random_array
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -69,7 +69,7 @@ class CrossEntropy(Function):
         loss, row_max, log_sum = (np.empty(x2.shape[0], dtype) for _ in range(3))
         smoothing = dtype.type(label_smoothing)
         if x2.size:
-            kernels.cross_entropy_forward(x2, t, ignore_index, smoothing, loss, row_max, log_sum)
+            cross_entropy_forward(x2, t, ignore_index, smoothing, loss, row_max, log_sum)
         elif n_classes == 0 and valid.any():
             raise ShapeError("cross_entropy: logits have no classes")
         ctx.save_for_backward(x2, t, row_max, log_sum)
@@ -92,9 +92,16 @@ class CrossEntropy(Function):
             row_grad = np.full(x2.shape[0], g, x2.dtype)
         dx2 = np.empty_like(x2)
         if x2.size:
-            kernels.cross_entropy_backward(x2, t, row_max, log_sum, row_grad, ctx.ignore_index, ctx.smoothing,
+            cross_entropy_backward(x2, t, row_max, log_sum, row_grad, ctx.ignore_index, ctx.smoothing,
                                            dx2)
         shape = ctx.logits_shape
         if len(shape) > 2:
             return np.moveaxis(dx2.reshape((shape[0],) + shape[2:] + (shape[1],)), -1, 1)
         return dx2.reshape(shape)
+
+    @staticmethod
+    def example(dtype, size):
+        rows = max(2, size // 96)
+        target = np.arange(rows) % 96
+        target[1] = -100  # ignored
+        return (random_array(dtype, rows, 96),), dict(target=target, label_smoothing=0.1)

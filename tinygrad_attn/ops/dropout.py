@@ -11,8 +11,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..random import get_generator
-from .. import kernels
-from .array_views import float_dtype
+from ..kernels.dropout import dropout_apply
+from .array_views import float_dtype, random_array
 
 
 def draw_key():
@@ -35,7 +35,7 @@ def apply_mask(x, key, threshold, scale):
     """x * mask * scale for an array of any shape (the mask follows C order)."""
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    kernels.dropout_apply(flat, key, threshold, scale, out)
+    dropout_apply(flat, key, threshold, scale, out)
     return out.reshape(x.shape)
 
 
@@ -59,3 +59,7 @@ class DropoutOp(Function):
     @staticmethod
     def backward(ctx, grad):
         return apply_mask(grad, ctx.key, *ctx.rule)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, size),), dict(p=0.2, seed=7)

@@ -10,8 +10,9 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import broadcast_shapes
-from .. import kernels
-from .array_views import float_dtype
+from ..kernels.elementwise import (erfc, gelu_backward, gelu_forward, relu_backward, relu_forward,
+                                   silu_backward, silu_forward)
+from .array_views import float_dtype, random_array
 
 
 def _check_broadcast(op, a, b):
@@ -219,13 +220,17 @@ class Erfc(Function):
     def forward(ctx, x):
         ctx.save_for_backward(x)
         if x.dtype in (np.float32, np.float64):
-            return _by_kernel(kernels.erfc, x)
+            return _by_kernel(erfc, x)
         return np.vectorize(math.erfc, otypes=[np.float64])(x)
 
     @staticmethod
     def backward(ctx, grad):
         x, = ctx.saved_tensors
         return grad * (-2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(grad.dtype, copy=False)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, size),), {}
 
 
 class Sigmoid(Function):
@@ -267,7 +272,7 @@ class Relu(Function):
     @staticmethod
     def forward(ctx, x):
         if x.dtype in (np.float32, np.float64):
-            z = _by_kernel(kernels.relu_forward, x)
+            z = _by_kernel(relu_forward, x)
         else:
             z = np.maximum(x, 0)
         ctx.save_for_backward(z)
@@ -279,9 +284,13 @@ class Relu(Function):
         if z.dtype in (np.float32, np.float64) and grad.dtype == z.dtype:
             g = np.ascontiguousarray(np.broadcast_to(grad, z.shape)).reshape(-1)
             dx = np.empty_like(g)
-            kernels.relu_backward(z.reshape(-1), g, dx)
+            relu_backward(z.reshape(-1), g, dx)
             return dx.reshape(z.shape)
         return np.where(z <= 0, 0, grad).astype(np.result_type(grad, z), copy=False)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, size),), {}
 
 
 class Gelu(Function):
@@ -305,7 +314,7 @@ class Gelu(Function):
         flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty_like(flat)
         ctx.tanh = approximate == "tanh"
-        kernels.gelu_forward(flat, ctx.tanh, out)
+        gelu_forward(flat, ctx.tanh, out)
         ctx.save_for_backward(flat)
         return out.reshape(x.shape)
 
@@ -314,8 +323,46 @@ class Gelu(Function):
         flat, = ctx.saved_tensors
         g = np.ascontiguousarray(grad, dtype=flat.dtype).reshape(-1)
         dx = np.empty_like(flat)
-        kernels.gelu_backward(flat, g, ctx.tanh, dx)
+        gelu_backward(flat, g, ctx.tanh, dx)
         return dx.reshape(grad.shape)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, size),), dict(approximate="none")
+
+
+class Silu(Function):
+    """SiLU (swish), z = x * sigmoid(x).
+
+    dz/dx = s + x s (1 - s),   s = sigmoid(x) = 1 / (1 + e^-x)
+
+    (the product rule: sigmoid's own derivative is s (1 - s)). Why a kernel
+    (kernels/elementwise.py): one vectorized pass each way, where numpy makes
+    a temporary and a pass over memory per term; s comes from e^-|x| there,
+    as in Sigmoid, so nothing overflows and both tails keep their digits.
+    Readable version: tinygrad_attn.reference.numpy_backward.silu_backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        float_dtype("silu", x)
+        flat = np.ascontiguousarray(x).reshape(-1)
+        out = np.empty_like(flat)
+        silu_forward(flat, out)
+        ctx.save_for_backward(flat)
+        return out.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        flat, = ctx.saved_tensors
+        g = np.ascontiguousarray(grad, dtype=flat.dtype).reshape(-1)
+        dx = np.empty_like(flat)
+        silu_backward(flat, g, dx)
+        return dx.reshape(grad.shape)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, size),), {}
 
 
 class Abs(Function):

@@ -13,8 +13,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError
-from .. import kernels
-from .array_views import as_rows, float_dtype
+from ..kernels.layer_norm import layer_norm_backward, layer_norm_forward
+from .array_views import as_rows, float_dtype, random_array
 
 
 class LayerNormOp(Function):
@@ -45,7 +45,7 @@ class LayerNormOp(Function):
         mean = np.empty(x2.shape[0], dtype)
         rstd = np.empty(x2.shape[0], dtype)
         if y.size:
-            kernels.layer_norm_forward(x2, w, b, dtype.type(eps), y, mean, rstd)
+            layer_norm_forward(x2, w, b, dtype.type(eps), y, mean, rstd)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.norm_shape = norm_shape
         return y.reshape(x.shape)
@@ -57,9 +57,14 @@ class LayerNormOp(Function):
         g2 = as_rows(grad, x2.dtype).reshape(rows, n)
         dx = np.empty(grad.shape, x2.dtype)  # the kernel writes it as (rows, n); not a view, so a leaf keeps it
         if rows and n:
-            dw, db = kernels.layer_norm_backward(x2, w, mean, rstd, g2, dx.reshape(rows, n))
+            dw, db = layer_norm_backward(x2, w, mean, rstd, g2, dx.reshape(rows, n))
         else:
             dw, db = np.zeros(n, x2.dtype), np.zeros(n, x2.dtype)
         return (dx,
                 dw.reshape(ctx.norm_shape) if ctx.needs_input_grad[1] else None,
                 db.reshape(ctx.norm_shape) if ctx.needs_input_grad[2] else None)
+
+    @staticmethod
+    def example(dtype, size):
+        x, w, b = random_array(dtype, max(1, size // 96), 96), random_array(dtype, 96, seed=1), random_array(dtype, 96)
+        return (x, w, b), dict(normalized_ndim=1, eps=1e-5)

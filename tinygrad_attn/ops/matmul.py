@@ -13,8 +13,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
-from .. import kernels
-from .array_views import as_matrices
+from ..kernels.matmul import batched_matmul
+from .array_views import as_matrices, random_array
 
 
 def check_matmul_shapes(a_shape, b_shape):
@@ -41,7 +41,7 @@ def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype, bias=None):
     a and b are (buffer, offsets, row stride) triples from `as_matrices`;
     op transposes when flagged."""
     out = np.empty((math.prod(batch), m, n), dtype)
-    kernels.batched_matmul(*a, trans_a, *b, trans_b, m, n, k, out, bias)
+    batched_matmul(a, trans_a, b, trans_b, m, n, k, out, bias)
     return out.reshape(tuple(batch) + (m, n))
 
 
@@ -52,9 +52,9 @@ def product(a, b, bias=None):
     batch = () if a.ndim == b.ndim == 2 else broadcast_shapes("matmul (batch dimensions)", a.shape[:-2],
                                                                b.shape[:-2])
     *ma, ta = as_matrices(a, batch, allow_transposed=True)
-    *mb, tb = as_matrices(b, batch, allow_transposed=True)
+    *mb, tb = as_matrices(b, batch, allow_transposed=True)  # each a (buffer, offsets, row stride) triple
     (m, k), n = a.shape[-2:], b.shape[-1]
-    return stack_product(ma, ta, mb, tb, batch, m, n, k, np.result_type(a, b), bias)
+    return stack_product(tuple(ma), ta, tuple(mb), tb, batch, m, n, k, np.result_type(a, b), bias)
 
 
 def transposed(x):
@@ -110,6 +110,11 @@ class MatMul(Function):
             gb = gb[..., 0] if b.ndim == 1 else gb
         return ga, gb
 
+    @staticmethod
+    def example(dtype, size):
+        count = max(1, size // 4096)  # a stack of 64 x 64 products
+        return (random_array(dtype, count, 64, 64), random_array(dtype, count, 64, 64, seed=1)), {}
+
 
 class LinearOp(Function):
     """y = x W^T + b, with x: (..., in), W: (out, in) as in torch.nn.Linear, b: (out,).
@@ -152,3 +157,8 @@ class LinearOp(Function):
         if ctx.has_bias:
             grads += (g.sum(axis=0) if ctx.needs_input_grad[2] else None,)
         return grads
+
+    @staticmethod
+    def example(dtype, size):
+        x = random_array(dtype, max(1, size // 128), 128)
+        return (x, random_array(dtype, 96, 128, seed=1), random_array(dtype, 96, seed=2)), {}

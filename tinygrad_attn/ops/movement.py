@@ -10,7 +10,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, normalize_axis, normalize_new_axis, unbroadcast
-from .. import kernels
+from ..kernels.movement import scatter_add_runs
+from .array_views import random_array
 
 
 def _check_int_dims(op, shape):
@@ -156,7 +157,7 @@ def _scatter_add_rows(shape, rows, grad):
         sorted_rows = rows[order]
         starts = np.flatnonzero(np.diff(sorted_rows, prepend=-1))  # where each run of one row begins
         if g.dtype in (np.float32, np.float64):
-            kernels.scatter_add_runs(np.ascontiguousarray(g), order, np.append(starts, rows.size),
+            scatter_add_runs(np.ascontiguousarray(g), order, np.append(starts, rows.size),
                                      sorted_rows[starts].astype(np.int64), out.reshape(shape[0], width))
         else:
             out.reshape(shape[0], width)[sorted_rows[starts]] = np.add.reduceat(g[order], starts, axis=0)
@@ -191,6 +192,11 @@ class GetItem(Function):
         else:
             out[ctx.index] = grad  # basic indexing picks each element at most once
         return out
+
+    @staticmethod
+    def example(dtype, size):
+        rows = np.arange(max(1, size // 8)) * 7 % 64  # a lookup of rows (an embedding's): its backward is the kernel's
+        return (random_array(dtype, 64, 8),), dict(index=rows)
 
 
 class Cat(Function):

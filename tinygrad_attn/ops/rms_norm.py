@@ -12,8 +12,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError
-from .. import kernels
-from .array_views import as_rows, float_dtype
+from ..kernels.rms_norm import rms_norm_backward, rms_norm_forward
+from .array_views import as_rows, float_dtype, random_array
 
 
 class RMSNormOp(Function):
@@ -42,7 +42,7 @@ class RMSNormOp(Function):
         y = np.empty_like(x2)
         rstd = np.empty(x2.shape[0], dtype)
         if y.size:
-            kernels.rms_norm_forward(x2, w, dtype.type(eps), y, rstd)
+            rms_norm_forward(x2, w, dtype.type(eps), y, rstd)
         ctx.save_for_backward(x2, w, rstd)
         ctx.norm_shape = norm_shape
         return y.reshape(x.shape)
@@ -54,7 +54,12 @@ class RMSNormOp(Function):
         g2 = as_rows(grad, x2.dtype).reshape(rows, n)
         dx = np.empty(grad.shape, x2.dtype)  # the kernel writes it as (rows, n); not a view, so a leaf keeps it
         if rows and n:
-            dw = kernels.rms_norm_backward(x2, w, rstd, g2, dx.reshape(rows, n))
+            dw = rms_norm_backward(x2, w, rstd, g2, dx.reshape(rows, n))
         else:
             dw = np.zeros(n, x2.dtype)
         return dx, dw.reshape(ctx.norm_shape) if ctx.needs_input_grad[1] else None
+
+    @staticmethod
+    def example(dtype, size):
+        x, w = random_array(dtype, max(1, size // 96), 96), random_array(dtype, 96, seed=1)
+        return (x, w), dict(normalized_ndim=1, eps=1e-5)

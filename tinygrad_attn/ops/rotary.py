@@ -13,8 +13,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError
-from .. import kernels
-from .array_views import float_dtype
+from ..kernels.rotary import rotary_backward, rotary_forward
+from .array_views import float_dtype, random_array
 
 
 class RotaryOp(Function):
@@ -49,7 +49,7 @@ class RotaryOp(Function):
         s = np.ascontiguousarray(sin, dtype=dtype)
         y = np.empty_like(x3)
         if y.size:
-            kernels.rotary_forward(x3, c, s, y)
+            rotary_forward(x3, c, s, y)
         ctx.save_for_backward(x3 if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None, c, s)
         ctx.x_shape = x.shape
         return y.reshape(x.shape)
@@ -61,7 +61,7 @@ class RotaryOp(Function):
         g3 = np.ascontiguousarray(grad, dtype=c.dtype).reshape(rows, H, hd)
         dx = np.empty(ctx.x_shape, c.dtype)  # the kernel writes it as (rows, H, hd)
         if dx.size:
-            kernels.rotary_backward(g3, c, s, dx.reshape(rows, H, hd))
+            rotary_backward(g3, c, s, dx.reshape(rows, H, hd))
         dcos = dsin = None
         if x3 is not None:  # the tables' gradient: sums over every row at the same position, and the heads
             T = c.shape[0]
@@ -70,3 +70,9 @@ class RotaryOp(Function):
             dcos = (ga * xa + gb * xb).sum(axis=(0, 2)) if ctx.needs_input_grad[1] else None
             dsin = (gb * xa - ga * xb).sum(axis=(0, 2)) if ctx.needs_input_grad[2] else None
         return dx, dcos, dsin
+
+    @staticmethod
+    def example(dtype, size):
+        x = random_array(dtype, max(1, size // 512), 8, 4, 16)  # (B, T, H, hd)
+        angles = np.outer(np.arange(8), 10000.0 ** (-np.arange(0, 16, 2) / 16))
+        return (x, np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)), {}

@@ -10,8 +10,8 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import normalize_axis
-from .. import kernels
-from .array_views import as_rows, float_dtype
+from ..kernels.softmax import softmax_backward, softmax_forward
+from .array_views import as_rows, float_dtype, random_array
 
 
 def _rowwise(kernel, axis, *arrays, log):
@@ -39,14 +39,18 @@ class Softmax(Function):
     def forward(ctx, x, axis=-1):
         float_dtype("softmax", x)
         ctx.axis = normalize_axis(axis, x.ndim, "softmax")
-        y = _rowwise(kernels.softmax_forward, ctx.axis, x, log=False)
+        y = _rowwise(softmax_forward, ctx.axis, x, log=False)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         y, = ctx.saved_tensors
-        return _rowwise(kernels.softmax_backward, ctx.axis, y, grad, log=False)
+        return _rowwise(softmax_backward, ctx.axis, y, grad, log=False)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, max(1, size // 96), 96),), dict(axis=-1)
 
 
 class LogSoftmax(Function):
@@ -61,11 +65,15 @@ class LogSoftmax(Function):
     def forward(ctx, x, axis=-1):
         float_dtype("log_softmax", x)
         ctx.axis = normalize_axis(axis, x.ndim, "log_softmax")
-        y = _rowwise(kernels.softmax_forward, ctx.axis, x, log=True)
+        y = _rowwise(softmax_forward, ctx.axis, x, log=True)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         y, = ctx.saved_tensors
-        return _rowwise(kernels.softmax_backward, ctx.axis, y, grad, log=True)
+        return _rowwise(softmax_backward, ctx.axis, y, grad, log=True)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, max(1, size // 96), 96),), dict(axis=-1)

@@ -1,78 +1,41 @@
-"""The reference versions of the fused functions in `functional`, and the
-switch that runs them: `reference_ops`.
+"""The composite twins of the fused ops: each one the same computation built
+from primitive ops, registered on its op with `@composite_of(Op)`.
 
-Each function here is a composition of primitive ops only (matmul, exp,
-sum, div, where, ...), so every step is visible and the engine
-differentiates it with no hand-written backward. They are the readable
-definitions, and the tests' reference for the fused Numba ops that
-`functional` calls (the same results up to rounding: float64 runs agree to
-1e-15). Inside `with tinygrad_attn.reference_ops():` (or in a function
-decorated with `@tinygrad_attn.reference_ops()`) `functional`, the Tensor
-methods softmax, log_softmax and gelu, and so every layer and model run
-these instead: the graph (`viz.graph`) holds each primitive step and a
-debugger steps through the backward of each. The fused ops' own backward,
-written out in plain numpy, is `tinygrad_attn.reference.numpy_backward`.
-
-The switch is per thread (a `contextvars.ContextVar`): a thread that
-enters `reference_ops()` changes nothing for the others, and a new thread
-starts in a fresh context, with the fused ops (unless the interpreter makes
-threads inherit the context, as Python 3.14's free-threaded build does).
-Grad mode (`no_grad`), by contrast, is one process-wide flag.
+A twin takes what its op's `apply` takes (tensors, then the op's
+parameters) and is a composition of primitive ops only (matmul, exp, sum,
+div, where, ...), so every step is visible and the engine differentiates
+it with no hand-written backward. They are the readable definitions, and
+the tests' reference for the fused Numba ops (tests/test_reference_ops.py
+runs every fused op's gradcheck cases both ways: the same values and
+gradients up to rounding, float64 runs agree to 1e-15). Inside
+`with tinygrad_attn.reference_ops():` (or in a function decorated with
+`@tinygrad_attn.reference_ops()`) a fused op's `apply` runs its twin here
+(autograd.Function.apply_with_ctx chooses), so `functional`, the Tensor
+methods and every layer and model do: the graph (`viz.graph`) holds each
+primitive step and a debugger steps through the backward of each. The
+fused ops' own backward, written out in plain numpy, is
+`tinygrad_attn.reference.numpy_backward`.
 """
-import contextlib
-import contextvars
 import math
-import threading
 
 import numpy as np
 
-from ..ops.dropout import draw_key, keep_rule
+from ..autograd import composite_of
 from ..kernels.random_bits import uniform_bits_numpy
+from ..ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention, gqa_groups
+from ..ops.cross_entropy import CrossEntropy
+from ..ops.dropout import DropoutOp, draw_key, keep_rule
+from ..ops.elementwise import Gelu, Silu
+from ..ops.layer_norm import LayerNormOp
+from ..ops.matmul import LinearOp
+from ..ops.rms_norm import RMSNormOp
+from ..ops.rotary import RotaryOp
+from ..ops.softmax import LogSoftmax, Softmax
 from ..shapes import ShapeError, normalize_axis
 from ..tensor import Tensor, stack, where
 
-_enabled = contextvars.ContextVar("tinygrad_attn.reference_ops", default=False)
 
-
-def is_reference_ops_enabled():
-    """Whether the fused functions run their reference versions now (in this thread)."""
-    return _enabled.get()
-
-
-def set_reference_ops(enabled):
-    """True: the fused functions of `functional` (and Tensor.softmax,
-    log_softmax, gelu) run their reference versions here, every primitive op
-    in the graph; False: the fused ops (the default). For this thread;
-    returns the previous setting."""
-    previous = _enabled.get()
-    _enabled.set(bool(enabled))
-    return previous
-
-
-class reference_ops(contextlib.ContextDecorator):
-    """Run the reference versions inside: `with reference_ops():`, or as a
-    decorator, `@reference_ops()`. `reference_ops(False)` runs the fused ops
-    inside a reference region. Nests, and restores the previous setting on
-    exit, also when an exception leaves the block. Per thread (see the
-    module docstring); one instance may be entered in several threads at
-    once, and again inside itself (a decorated function that recurses)."""
-
-    def __init__(self, enabled=True):
-        self.enabled = bool(enabled)
-        self._local = threading.local()  # each thread's stack of the settings to restore
-
-    def _tokens(self):
-        return self._local.__dict__.setdefault("tokens", [])
-
-    def __enter__(self):
-        self._tokens().append(_enabled.set(self.enabled))
-        return self
-
-    def __exit__(self, *exc):
-        _enabled.reset(self._tokens().pop())
-        return False
-
-
+@composite_of(LinearOp)
 def linear(x, weight, bias=None):
     """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch."""
     if x.shape[-1] != weight.shape[-1]:
@@ -82,19 +45,21 @@ def linear(x, weight, bias=None):
     return y if bias is None else y + bias
 
 
-def softmax(x, dim=-1):
-    """exp(x_i) / sum_j exp(x_j) along `dim`, shifted by the max for stability."""
-    normalize_axis(dim, x.ndim, "softmax")
-    shifted = x - x.max(axis=dim, keepdims=True).detach()
+@composite_of(Softmax)
+def softmax(x, axis=-1):
+    """exp(x_i) / sum_j exp(x_j) along `axis`, shifted by the max for stability."""
+    normalize_axis(axis, x.ndim, "softmax")
+    shifted = x - x.max(axis=axis, keepdims=True).detach()
     e = shifted.exp()
-    return e / e.sum(axis=dim, keepdims=True)
+    return e / e.sum(axis=axis, keepdims=True)
 
 
-def log_softmax(x, dim=-1):
-    """x_i - log sum_j exp(x_j) along `dim`, shifted by the max as in softmax."""
-    normalize_axis(dim, x.ndim, "log_softmax")
-    shifted = x - x.max(axis=dim, keepdims=True).detach()
-    return shifted - shifted.exp().sum(axis=dim, keepdims=True).log()
+@composite_of(LogSoftmax)
+def log_softmax(x, axis=-1):
+    """x_i - log sum_j exp(x_j) along `axis`, shifted by the max as in softmax."""
+    normalize_axis(axis, x.ndim, "log_softmax")
+    shifted = x - x.max(axis=axis, keepdims=True).detach()
+    return shifted - shifted.exp().sum(axis=axis, keepdims=True).log()
 
 
 def _power_of_two_scale(x, axes):
@@ -104,15 +69,15 @@ def _power_of_two_scale(x, axes):
     return np.ldexp(np.ones((), x.dtype), np.maximum(e - 1, 0))
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+@composite_of(LayerNormOp)
+def layer_norm(x, weight, bias, normalized_ndim=1, eps=1e-5):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last
-    len(normalized_shape) axes (biased variance, as torch.nn.LayerNorm)."""
-    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    k = len(normalized_shape)
-    if x.shape[x.ndim - k:] != normalized_shape:
-        raise ShapeError(f"layer_norm: input of shape {x.shape} does not end with "
-                         f"normalized_shape {normalized_shape}")
-    axes = tuple(range(x.ndim - k, x.ndim))
+    `normalized_ndim` axes (biased variance, as torch.nn.LayerNorm)."""
+    axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
+    if normalized_ndim < 1 or weight.shape != x.shape[x.ndim - normalized_ndim:] or bias.shape != weight.shape:
+        raise ShapeError(f"layer_norm: input of shape {x.shape} with weight {weight.shape} and bias "
+                         f"{bias.shape}: weight and bias must have the shape of the last {normalized_ndim} "
+                         "input axes")
     # A row of 1e30 in float32 would overflow when squared. Dividing it by a
     # power of two c near its largest |x| is exact and changes nothing else:
     # layer_norm(x) = layer_norm(x / c) with eps / c^2. (c: a constant, 1 for rows below 1.)
@@ -121,32 +86,26 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     mean = x.mean(axis=axes, keepdims=True)
     centered = x - mean
     var = (centered * centered).mean(axis=axes, keepdims=True)
-    y = centered / (var + eps).sqrt()
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
+    return centered / (var + eps).sqrt() * weight + bias
 
 
-def dropout(x, p=0.5, training=True):
+@composite_of(DropoutOp)
+def dropout(x, p=0.5, seed=None):
     """Zero each element with probability p and scale the rest by 1/(1-p).
 
     The mask is the one the dropout kernel computes: element i (in C order)
     is kept when 32 random bits hashed from (key, i) are >= p * 2^32, with
-    the key drawn from the framework's generator. So with the same
-    `manual_seed` this and `functional.dropout` drop the same elements.
+    the key `seed`, or drawn from the framework's generator. So with the
+    same `manual_seed` this and the fused op drop the same elements.
     """
-    if not 0 <= p <= 1:
-        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
-    if not training or p == 0:
-        return x
     threshold, scale = keep_rule(p, x.dtype)
-    keep = uniform_bits_numpy(draw_key(), np.arange(x.numel()).reshape(x.shape)) >= threshold
+    key = draw_key() if seed is None else np.uint32(seed)
+    keep = uniform_bits_numpy(key, np.arange(x.numel()).reshape(x.shape)) >= threshold
     return x * Tensor(keep.astype(x.dtype) * scale)
 
 
-def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+@composite_of(CrossEntropy)
+def cross_entropy(logits, target=None, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
     """Cross-entropy between `logits` and integer class `target`.
 
     logits: (N, C), (C,) or (N, C, d1, ...) with classes on axis 1 as in
@@ -175,7 +134,7 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
     if ((t[valid] < 0) | (t[valid] >= n_classes)).any():
         raise IndexError(f"cross_entropy: target values must be in [0, {n_classes}) or ignore_index")
     safe_t = np.where(valid, t, 0)
-    logp = log_softmax(logits, dim=-1)
+    logp = log_softmax(logits, axis=-1)
     picked = logp.reshape(-1, n_classes)[np.arange(safe_t.size), safe_t.reshape(-1)].reshape(t.shape)
     loss = -picked
     if label_smoothing:
@@ -189,25 +148,15 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduct
     return loss.sum() / n_valid if n_valid else loss.sum() * np.nan  # PyTorch also gives NaN
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, need_weights=False):
-    """softmax(Q K^T * scale + mask) V, batched over all leading axes.
+def _weights(query, key, attn_mask, is_causal, scale):
+    """P = softmax(scale * Q K^T + M) over the keys (M: the mask, and -inf above
+    the diagonal with is_causal).
 
-    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
-    1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
-    boolean mask is True where a query MAY attend, a float mask is added to
-    the scores. `is_causal` lets query i see keys j <= i. Returns the
-    output, or (output, weights) with need_weights=True.
-
-    A query that may attend to no key gets zero weights (an output of 0
-    and no gradient), as in the fused version: the row of -inf scores is
+    A query that may attend to no key gets zero weights (so an output of 0
+    and no gradient), as in the fused op: the row of -inf scores is
     replaced by a row of zeros before the softmax, and the softmax is then
     multiplied by a mask of rows that had any key.
     """
-    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
-        raise ShapeError(f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and "
-                         f"value {value.shape} do not fit (need query[-1] == key[-1] and "
-                         f"key[-2] == value[-2])")
     L, S = query.shape[-2], key.shape[-2]
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = (query @ key.swapaxes(-2, -1)) * scale
@@ -222,14 +171,69 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     has_key = (scores.data > -np.inf).any(axis=-1, keepdims=True)
     if not has_key.all():  # rows with no key: softmax of zeros, then zeroed
         scores = where(Tensor(has_key), scores, 0.0)
-    weights = softmax(scores, dim=-1)
+    weights = softmax(scores, axis=-1)
     if not has_key.all():
         weights = weights * Tensor(has_key.astype(weights.dtype))
-    attn = dropout(weights, dropout_p) if dropout_p > 0 else weights
-    out = attn @ value
-    return (out, weights) if need_weights else out
+    return weights
 
 
+def _check_fit(query, key, value):
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise ShapeError(f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and "
+                         f"value {value.shape} do not fit (need query[-1] == key[-1] and "
+                         f"key[-2] == value[-2])")
+
+
+def repeat_kv_heads(query, kv):
+    """Grouped-query attention: kv (..., Hkv, S, E) with each head repeated for
+    the Hq / Hkv consecutive query heads that share it (query head h reads kv
+    head h // (Hq / Hkv), as torch's repeat_interleave on axis -3). The
+    backward of the repeat sums the group's gradients into the shared head."""
+    hq, hkv = query.shape[-3], kv.shape[-3]
+    if hq == hkv:
+        return kv
+    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
+    return kv.unsqueeze(-3).expand(lead + (hkv, hq // hkv, S, E)).reshape(lead + (hq, S, E))
+
+
+@composite_of(ScaledDotProductAttention)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0,
+                                 seed=None, enable_gqa=False):
+    """(P * D) V with P = softmax(Q K^T * scale + mask), batched over all leading axes.
+
+    Q: (..., L, E), K: (..., S, E), V: (..., S, Ev); scale defaults to
+    1/sqrt(E). `attn_mask` follows torch.nn.functional's convention: a
+    boolean mask is True where a query MAY attend, a float mask is added to
+    the scores. `is_causal` lets query i see keys j <= i. D: dropout of
+    the weights with probability dropout_p (key `seed`, or drawn). With
+    enable_gqa, key and value have fewer heads (axis -3) than the query:
+    each is repeated for its group of query heads first.
+    """
+    if enable_gqa:
+        gqa_groups("scaled_dot_product_attention", query.shape, key.shape, value.shape)
+        key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
+    _check_fit(query, key, value)
+    weights = _weights(query, key, attn_mask, is_causal, scale)
+    if dropout_p == 0:
+        return weights @ value
+    batch = np.broadcast_shapes(weights.shape[:-2], value.shape[:-2])  # one mask for each matrix of the output
+    if weights.shape[:-2] != batch:
+        weights = weights.expand(batch + weights.shape[-2:])
+    return dropout(weights, dropout_p, seed) @ value
+
+
+@composite_of(AttentionWeights)
+def attention_weights(query, key, attn_mask=None, weights=None, scale=None, value_batch=(), is_causal=False):
+    """P = softmax(Q K^T * scale + mask), with the batch shape of the output
+    (the batch axes of query, key, mask and `value_batch` broadcast).
+    (The fused op takes P from the attention op, `weights`; this twin
+    computes it, so `weights` is not read.)"""
+    P = _weights(query, key, attn_mask, is_causal, scale)
+    batch = np.broadcast_shapes(P.shape[:-2], tuple(value_batch))
+    return P if P.shape[:-2] == batch else P.expand(batch + P.shape[-2:])
+
+
+@composite_of(Gelu)
 def gelu(x, approximate="none"):
     """x * Phi(x), Phi the standard normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2
     (erfc, not 1 + erf: nothing cancels for negative x, where gelu is tiny).
@@ -246,8 +250,14 @@ def gelu(x, approximate="none"):
     return x * ((x * -(1 / math.sqrt(2))).erfc() * 0.5)
 
 
-def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                          need_weights=False):
+@composite_of(Silu)
+def silu(x):
+    """x * sigmoid(x): the product of two primitive ops, whose backward the engine chains."""
+    return x * x.sigmoid()
+
+
+@composite_of(PackedSelfAttention)
+def packed_self_attention(qkv, attn_mask=None, num_heads=1, is_causal=False, scale=None, dropout_p=0.0, seed=None):
     """Multi-head self-attention on a packed projection qkv (B, T, 3 * H * hd),
     its last axis laid out (3, H, hd): each head attends with its Q, K, V;
     the result is the heads side by side, (B, T, H * hd)."""
@@ -255,26 +265,22 @@ def packed_self_attention(qkv, num_heads, attn_mask=None, dropout_p=0.0, is_caus
     hd = width // (3 * num_heads)
     split = qkv.reshape(B, T, 3, num_heads, hd)
     q, k, v = (split[:, :, i].permute(0, 2, 1, 3) for i in range(3))  # each (B, H, T, hd)
-    result = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                          is_causal=is_causal, scale=scale, need_weights=need_weights)
-    heads, weights = result if need_weights else (result, None)
-    out = heads.permute(0, 2, 1, 3).reshape(B, T, num_heads * hd)  # concatenate the heads
-    return (out, weights.detach()) if need_weights else out
+    heads = scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale, dropout_p, seed)
+    return heads.permute(0, 2, 1, 3).reshape(B, T, num_heads * hd)  # concatenate the heads
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=1e-6):
-    """x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape)
+@composite_of(RMSNormOp)
+def rms_norm(x, weight, normalized_ndim=1, eps=1e-6):
+    """x / sqrt(mean(x^2) + eps) * weight over the last `normalized_ndim`
     axes: LayerNorm without subtracting the mean."""
-    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    k = len(normalized_shape)
-    if x.shape[x.ndim - k:] != normalized_shape:
-        raise ShapeError(f"rms_norm: input of shape {x.shape} does not end with "
-                         f"normalized_shape {normalized_shape}")
-    axes = tuple(range(x.ndim - k, x.ndim))
-    y = x / ((x * x).mean(axis=axes, keepdims=True) + eps).sqrt()
-    return y if weight is None else y * weight
+    if normalized_ndim < 1 or weight.shape != x.shape[x.ndim - normalized_ndim:]:
+        raise ShapeError(f"rms_norm: input of shape {x.shape} with weight {weight.shape}: the weight "
+                         f"must have the shape of the last {normalized_ndim} input axes")
+    axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
+    return x / ((x * x).mean(axis=axes, keepdims=True) + eps).sqrt() * weight
 
 
+@composite_of(RotaryOp)
 def apply_rotary_emb(x, freqs_cos, freqs_sin):
     """Rotate each pair (x[2i], x[2i+1]) of every head vector of x (..., T, H, hd)
     by the angle of its position: with cos, sin (T, hd/2) of those angles,
@@ -283,9 +289,11 @@ def apply_rotary_emb(x, freqs_cos, freqs_sin):
 
     (llama2.c's apply_rotary_emb, in real numbers)."""
     shape = x.shape
-    if x.ndim < 3 or shape[-1] % 2 or tuple(freqs_cos.shape) != (shape[-3], shape[-1] // 2):
-        raise ShapeError(f"apply_rotary_emb: input of shape {shape} with freqs_cos {freqs_cos.shape}: "
-                         f"expected x (..., T, n_heads, head_dim) and tables (T, head_dim // 2)")
+    if x.ndim < 3 or shape[-1] % 2 or tuple(freqs_cos.shape) != (shape[-3], shape[-1] // 2) \
+            or tuple(freqs_sin.shape) != tuple(freqs_cos.shape):
+        raise ShapeError(f"apply_rotary_emb: input of shape {shape} with freqs_cos {freqs_cos.shape} and "
+                         f"freqs_sin {freqs_sin.shape}: expected x (..., T, n_heads, head_dim) and tables "
+                         "(T, head_dim // 2)")
     pairs = x.reshape(shape[:-1] + (shape[-1] // 2, 2))
     a, b = pairs[..., 0], pairs[..., 1]  # (..., T, H, hd/2) each
     cos = freqs_cos.astype(x.dtype).reshape(shape[-3], 1, shape[-1] // 2)  # broadcast over the heads

@@ -2,8 +2,8 @@
 
 The fused ops (LinearOp, Softmax, LogSoftmax, LayerNormOp, CrossEntropy,
 DropoutOp, ScaledDotProductAttention, AttentionWeights, PackedSelfAttention,
-Gelu, RMSNormOp, RotaryOp) run Numba kernels: fast, but loops over rows and
-blocks that hide the math. Here each one's backward is a few lines of numpy, the derivative in
+Gelu, Silu, RMSNormOp, RotaryOp) run Numba kernels: fast, but loops over rows
+and blocks that hide the math. Here each one's backward is a few lines of numpy, the derivative in
 its docstring and the forward beside it, to read next to the op (and next to
 docs/backprop_through_attention.md). tests/test_numpy_backward.py checks
 every function against the fused op's own backward, to 1e-12 in float64.
@@ -242,7 +242,22 @@ def _attention_weights(q, k, attn_mask, is_causal, scale):
     return softmax_forward(np.where(has_key, scores, 0.0)) * has_key, scale
 
 
-def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, keep=None, dropout_p=0.0):
+def _repeat_heads(kv, heads):
+    """Grouped-query attention: kv (..., Hkv, S, E) with each head repeated for the
+    heads / Hkv consecutive query heads that share it (query head h reads kv head
+    h // (heads / Hkv))."""
+    return np.repeat(kv, heads // kv.shape[-3], axis=-3)
+
+
+def _sum_groups(grad, kv_heads):
+    """The backward of `_repeat_heads`: the gradients of a group's repeated copies
+    (..., Hq, S, E), summed into their shared head: (..., Hkv, S, E)."""
+    lead, (heads, S, E) = grad.shape[:-3], grad.shape[-3:]
+    return grad.reshape(lead + (kv_heads, heads // kv_heads, S, E)).sum(axis=-3)
+
+
+def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, keep=None, dropout_p=0.0,
+                      enable_gqa=False):
     """(O, P): O = (P * D) V,  P = softmax(scale * Q K^T + M) over the keys.
 
     Q (..., L, E), K (..., S, E), V (..., S, Ev); the batch axes (and the
@@ -250,7 +265,11 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, keep
     (True = may attend) or float (added); is_causal lets query i see keys
     j <= i. D = keep / (1 - dropout_p) drops weights (no dropout when keep
     is None). P is returned before dropout, with the batch shape of O.
+    enable_gqa: K and V have fewer heads (axis -3), each shared by a group
+    of query heads (grouped-query attention).
     """
+    if enable_gqa:
+        k, v = _repeat_heads(k, q.shape[-3]), _repeat_heads(v, q.shape[-3])
     P, _ = _attention_weights(q, k, attn_mask, is_causal, scale)
     P = np.broadcast_to(P, np.broadcast_shapes(P.shape[:-2], v.shape[:-2]) + P.shape[-2:])
     D = 1.0 if keep is None else keep * _keep_scale(dropout_p)
@@ -258,7 +277,7 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, keep
 
 
 def attention_backward(q, k, v, grad, attn_mask=None, is_causal=False, scale=None, keep=None, dropout_p=0.0,
-                       grad_weights=None):
+                       grad_weights=None, enable_gqa=False):
     """(dL/dQ, dL/dK, dL/dV, dL/dM) for O = (P * D) V, P = softmax(S), S = scale * Q K^T + M.
 
     With G = dL/dO (`grad`), backward runs forward's steps in reverse:
@@ -275,7 +294,21 @@ def attention_backward(q, k, v, grad, attn_mask=None, is_causal=False, scale=Non
     back to each input's shape. (The fused ops:
     tinygrad_attn.ops.attention.ScaledDotProductAttention, and
     AttentionWeights for the gradient that reaches P directly.)
+
+    Grouped-query attention (enable_gqa): key/value head j is used by every
+    query head h of its group (h // (Hq / Hkv) == j), so its gradient is
+    the sum of theirs:
+
+        dK_j = sum over h in group j of scale * dS_h^T Q_h,   dV_j = sum over h of (P_h * D_h)^T G_h
+
+    computed here as attention on the repeated heads, then summed per group.
     """
+    if enable_gqa:
+        kv_heads = k.shape[-3]
+        k_rep, v_rep = _repeat_heads(k, q.shape[-3]), _repeat_heads(v, q.shape[-3])
+        dQ, dK, dV, dM = attention_backward(q, k_rep, v_rep, grad, attn_mask, is_causal, scale, keep, dropout_p,
+                                            grad_weights)
+        return dQ, _sum_groups(dK, kv_heads), _sum_groups(dV, kv_heads), dM
     P, scale = _attention_weights(q, k, attn_mask, is_causal, scale)
     P = np.broadcast_to(P, np.broadcast_shapes(P.shape[:-2], v.shape[:-2], grad.shape[:-2]) + P.shape[-2:])
     D = 1.0 if keep is None else keep * _keep_scale(dropout_p)
@@ -356,6 +389,29 @@ def gelu_backward(x, grad, approximate="none"):
         th = np.tanh(_C * (x + 0.044715 * x ** 3))
         return grad * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * _C * (1 + 3 * 0.044715 * x * x))
     return grad * (0.5 * erfc(-x / math.sqrt(2)) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+
+
+# ---------------------------------------------------------------- SiLU
+
+def _sigmoid(x):
+    """1 / (1 + e^-x), written (1 + tanh(x / 2)) / 2: the same number, and no exp to overflow."""
+    return 0.5 * (1 + np.tanh(0.5 * x))
+
+
+def silu_forward(x):
+    """x * sigmoid(x)."""
+    return x * _sigmoid(x)
+
+
+def silu_backward(x, grad):
+    """dL/dx = g * silu'(x), by the product rule with sigmoid' = s (1 - s):
+
+        d/dx x s(x) = s + x s (1 - s),   s = sigmoid(x)
+
+    (The fused op: tinygrad_attn.ops.elementwise.Silu.)
+    """
+    s = _sigmoid(x)
+    return grad * (s + x * s * (1 - s))
 
 
 # ---------------------------------------------------------------- embedding
