@@ -26,6 +26,7 @@
 #     python examples/backprop_ninja_attention.py             # your steps
 #     python examples/backprop_ninja_attention.py --hints     # every blank's hint
 #     python examples/backprop_ninja_attention.py --solution  # the answers
+#     python examples/backprop_ninja_attention.py --solution --plot loss.png  # and the capstone's curves
 #
 # The notebook examples/backprop_ninja_attention.ipynb holds the same cells
 # (generated from this file by examples/make_notebooks.py): edit a step's
@@ -372,7 +373,7 @@ def d_logprobs(dpicked, logprobs, bi, ti, targets):
 
 
 def d_llog(dlogprobs):
-    blank("1a", "logprobs = lshift - llog with llog (2, 5, 1) broadcast over the 6 classes: sum over the axis "
+    blank("1a", "logprobs = lshift - llog with llog (B, T, 1) broadcast over the classes: sum over the axis "
                 "it was broadcast to, with the sign")
 
 
@@ -484,7 +485,8 @@ def d_bo(dA):
 
 
 def d_Z(dconcat, Z):
-    blank("6", "concat = Z.swapaxes(1, 2).reshape(2, 5, 12) only moves numbers: undo the moves, last first")
+    blank("6", "concat = Z.swapaxes(1, 2).reshape(B, T, H * d_k) only moves numbers: undo the moves, last "
+                "first (take B, H, T, d_k from Z.shape: the capstone's batches are larger)")
 
 
 # %% attention, every head at once: Z = P @ V, P = softmax(masked) (§5, §2, §4, §3)
@@ -536,7 +538,7 @@ def d_X(dQ, dK, dV, dR1, WQ, WK, WV):
 
 
 def d_emb(dX, d_model):
-    blank("11", "X = emb * sqrt(d_model) + PE, and PE is a constant table")
+    blank("11", "X = emb * sqrt(d_model) + PE, and PE is a constant table (§10): no gradient flows into it")
 
 
 def d_Wemb(demb, tokens, Wemb):
@@ -734,11 +736,19 @@ def check(part, steps, values, grads, table):
     return results
 
 
+class StepError(Exception):
+    """A step that raised, named, with the shape of the batch it ran on."""
+
+
 def chain(steps, values):
     """Every step fed only the gradients the steps before it returned. {var: gradient}"""
     own = {"loss": np.ones(())}
     for name, fn in steps.items():
-        own[name[2:]] = np.asarray(fn(**arguments(fn, values, own)), dtype=np.float64)
+        try:
+            own[name[2:]] = np.asarray(fn(**arguments(fn, values, own)), dtype=np.float64)
+        except Exception as e:
+            raise StepError(f"{name} raised {type(e).__name__} on a batch of tokens {values['tokens'].shape}"
+                            f" (B, T): {e}") from e
     return own
 
 
@@ -825,7 +835,7 @@ def main(argv=None, verbose=True):
 # of numpy for both. If your steps are right, the two loss curves are one.
 
 # %%
-CAPSTONE_STEPS = int(os.environ.get("BACKPROP_NINJA_STEPS", 200))
+CAPSTONE_STEPS = int(os.environ.get("BACKPROP_NINJA_STEPS", 300))
 
 
 def sort_batch(rng, size):
@@ -871,17 +881,25 @@ def capstone(solution=False, n_steps=None, plot=None, verbose=True):
     """Both runs, their losses side by side, and a plot. Returns (yours, autograd's) or None if not ready."""
     n_steps = n_steps or CAPSTONE_STEPS
     steps, _ = functions("block", solution)
-    values, grads = reference("block")
-    try:
-        ready = all(np.abs(np.asarray(fn(**arguments(fn, values, grads))) - grads[name[2:]]).max() <= TOL
-                    for name, fn in steps.items())
-    except Exception:
-        ready = False
-    if not ready:
+    if not matches_autograd(steps, *reference("block")):
         if verbose:
             print("\nThe capstone trains the block with your steps once they all match autograd's.")
         return None
-    mine, trained = train(steps, n_steps)
+    # the table's batch is (2, 5); training's are (32, 3..5): a step that only works at (2, 5) shows here
+    big = run("block", block_params(), sort_batch(np.random.default_rng(1), 32))
+    wrong = [name for name, fn in steps.items() if not matches_autograd({name: fn}, *big)]
+    if wrong:
+        if verbose:
+            print(f"\nYour steps match autograd's on the table's batch (2, 5) but not on a training batch "
+                  f"{big[0]['tokens'].shape}: {', '.join(wrong)}. Write them for any B and T (take the "
+                  "sizes from the arrays' shapes).")
+        return None
+    try:
+        mine, trained = train(steps, n_steps)
+    except StepError as e:  # a batch of another length than the checks'
+        if verbose:
+            print(f"\nThe capstone stopped: {e}. Write your steps for any B and T.")
+        return None
     theirs, _ = train(None, n_steps)
     if verbose:
         print(f"\n== The capstone: {n_steps} steps of sorting, your backward against autograd's ==")
@@ -890,8 +908,19 @@ def capstone(solution=False, n_steps=None, plot=None, verbose=True):
             print(f"{i + 1:5d} {mine[i]:12.6f} {theirs[i]:12.6f} {abs(mine[i] - theirs[i]):11.1e}")
         print(f"Largest difference over the {n_steps} steps: {np.abs(mine - theirs).max():.1e}. "
               f"Held-out sequences sorted exactly: {held_out_accuracy(trained):.0%}.")
+    if plot is None and verbose and "ipykernel" not in sys.modules:
+        print("(--plot loss.png draws the two curves into loss.png)")
     draw(mine, theirs, plot)
     return mine, theirs
+
+
+def matches_autograd(steps, values, grads):
+    """Whether every step, given autograd's upstream gradients, returns autograd's gradient (to TOL)."""
+    try:
+        return all(np.abs(np.asarray(fn(**arguments(fn, values, grads))) - grads[name[2:]]).max() <= TOL
+                   for name, fn in steps.items())
+    except Exception:
+        return False
 
 
 def draw(mine, theirs, path=None):

@@ -186,6 +186,21 @@ def test_the_capstone_waits_for_every_step_and_a_wrong_one_leaves_the_curves_apa
     assert wrong[0] == right[0] and np.abs(wrong[1:] - right[1:]).max() > 1e-6
 
 
+def test_a_step_written_for_the_tables_batch_only_is_named_before_the_capstone_trains(ninja, monkeypatch,
+                                                                                      capsys):
+    """d_Z with the table's sizes (2, 5) written in passes the table; the capstone's batches are
+    (32, 3..5), so it names the step instead of crashing in the middle of training."""
+    steps, fused = ninja.functions("block", solution=True)
+    steps["d_Z"] = lambda dconcat, Z: dconcat.reshape(2, 5, 4, 3).swapaxes(1, 2)
+    assert ninja.matches_autograd({"d_Z": steps["d_Z"]}, *ninja.reference("block"))
+    monkeypatch.setattr(ninja, "functions", lambda part, solution=False: (steps, fused))
+    assert ninja.capstone(n_steps=3) is None
+    out = capsys.readouterr().out
+    assert "not on a training batch (32, " in out and ": d_Z." in out
+    with pytest.raises(ninja.StepError, match=r"d_Z raised ValueError on a batch of tokens \(32, \d\)"):
+        ninja.train(steps, n_steps=1)
+
+
 def test_the_capstone_plots_into_a_new_file_only(ninja, tmp_path, capsys):
     path = tmp_path / "loss.png"
     ninja.draw(np.array([1.0, 0.5]), np.array([1.0, 0.5]), str(path))
