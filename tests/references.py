@@ -67,6 +67,20 @@ def torch_layer_norm(x, weight, bias, grad, eps=1e-5):
     return [t.detach().numpy() for t in (y, xt.grad, wt.grad, bt.grad)]
 
 
+def torch_rms_norm(x, weight, grad, eps=1e-6):
+    """(y, dx, dw) of torch's rms_norm over the last axis, in float64, each row
+    divided first by a power of two near its largest |x| as in torch_layer_norm."""
+    import torch
+    as64 = lambda a: torch.tensor(np.asarray(a, np.float64), requires_grad=True)  # noqa: E731
+    xt, wt = as64(x), as64(weight)
+    biggest = np.abs(x.astype(np.float64)).max(axis=-1)
+    c = np.exp2(np.floor(np.log2(np.maximum(biggest, 1.0))))
+    y = torch.stack([torch.nn.functional.rms_norm(xt[r] / float(c[r]), (x.shape[-1],), wt,
+                                                  eps / float(c[r]) / float(c[r])) for r in range(len(x))])
+    (y * torch.tensor(np.asarray(grad, np.float64))).sum().backward()
+    return [t.detach().numpy() for t in (y, xt.grad, wt.grad)]
+
+
 def assert_rows_close(actual, expected, rtol):
     """Row by row to rtol, on the scale of each row of `expected` (the
     gradient of a row of 1e30 is of order 1e-30, of an ordinary row 1)."""

@@ -7,6 +7,7 @@ larger inputs in float32, numerical edge cases (huge logits, -inf, NaN,
 queries with no key), the dropout mask, determinism, errors, and the Numba
 set-up (cache directory, threads).
 """
+import contextlib
 import subprocess
 import sys
 
@@ -472,6 +473,40 @@ def test_layer_norm_of_rows_too_large_to_square_matches_pytorch(dtype, big):
 def test_layer_norm_of_a_row_holding_inf_or_nan_is_nan_as_in_pytorch(dtype):
     x = tg.tensor(np.array([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]], dtype), requires_grad=True)
     y = F.layer_norm(x, 3)
+    assert np.isnan(y.data[:2]).all() and np.isfinite(y.data[2]).all()
+    y.sum().backward()
+    assert np.isnan(x.grad.data[:2]).all() and np.isfinite(x.grad.data[2]).all()
+
+
+@pytest.mark.parametrize("path", ["fused", "composite", "numpy"])
+@pytest.mark.parametrize("dtype,big", HUGE)
+def test_rms_norm_of_rows_too_large_to_square_matches_pytorch(dtype, big, path):
+    """RMSNorm of rows of 1e20..1e38 in float32: the right values and
+    gradients (PyTorch's float32 rms_norm gives 0 there, the mean square
+    overflowing), in the fused op, its composite and its numpy twin."""
+    pytest.importorskip("torch")
+    from tinygrad_attn.reference import numpy_backward as nb
+    x = ref.huge_rows(dtype, big)
+    w, g = randn(x.shape[1]).astype(dtype), randn(*x.shape).astype(dtype)
+    y_ref, dx_ref, dw_ref = ref.torch_rms_norm(x, w, g)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    if path == "numpy":
+        y, (dx, dw) = nb.rms_norm_forward(x, w), nb.rms_norm_backward(x, w, g)
+    else:
+        xt, wt = tg.Tensor(x, requires_grad=True), tg.Tensor(w, requires_grad=True)
+        with tg.reference_ops() if path == "composite" else contextlib.nullcontext():
+            out = F.rms_norm(xt, (x.shape[1],), wt, eps=1e-6)
+            out.backward(tg.Tensor(g))
+        y, dx, dw = out.data, xt.grad.data, wt.grad.data
+    ref.assert_rows_close(y, y_ref, rtol)
+    ref.assert_rows_close(dx, dx_ref, rtol)
+    ref.assert_rows_close(dw, dw_ref, rtol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rms_norm_of_a_row_holding_inf_or_nan_is_nan(dtype):
+    x = tg.tensor(np.array([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]], dtype), requires_grad=True)
+    y = F.rms_norm(x, (3,))
     assert np.isnan(y.data[:2]).all() and np.isfinite(y.data[2]).all()
     y.sum().backward()
     assert np.isnan(x.grad.data[:2]).all() and np.isfinite(x.grad.data[2]).all()

@@ -10,8 +10,16 @@ xhat. With gw = g * w,
     dw = sum over rows of g * xhat
 
 (LayerNorm's dx has one more term, - mean(gw): the gradient of the mean
-it removed.) A row whose mean square overflows (|x| near the float's
-maximum) gives 0, as PyTorch's rms_norm does (x * 1/sqrt(inf)).
+it removed.)
+
+Rows too large to square. In float32 the squares of a row of magnitude
+~1.8e19 or more pass the largest float (3.4e38) though its normalised
+values are ordinary numbers: the mean square would be inf, rstd 0, and
+the output and gradient 0 (what PyTorch's float32 rms_norm returns). As in
+layer_norm.py, the forward loop marks such a row (rstd NaN) and
+`_rms_norm_rescaled` does it again on x / c, c a power of two near its
+largest |x|: exact, with rstd(x) = rstd(x / c) / c and eps / c^2. A row
+holding inf or NaN gives NaN.
 
 Each row is one cache-resident pass; the sums may be reordered (fast-math
 'reassoc', see fastmath.py): they add squares or products of bounded
@@ -19,7 +27,10 @@ terms, nothing cancels catastrophically. Backward works on fixed blocks of
 rows, each adding its rows' dw into its own partial sum, which the caller
 adds in block order, so the result does not depend on the thread count.
 """
+import math
+
 import numpy as np
+from numba import njit
 
 from .fastmath import SUM_FASTMATH
 from .registry import kernel
@@ -29,8 +40,9 @@ _BLOCKS = 32  # backward's partial sums of dw: at most this many, each a fixed b
 
 
 @kernel(fastmath=SUM_FASTMATH)
-def _rms_norm_forward(x, weight, eps, out, rstd, start, stop):
-    """out = x * rstd * weight and rstd for rows [start, stop)."""
+def _rms_norm_forward(x, weight, eps, out, rstd, redo, start, stop):
+    """out = x * rstd * weight and rstd for rows [start, stop); a row whose
+    mean square is not finite gets rstd NaN and sets redo[0]."""
     n = x.shape[1]
     inv_n = x.dtype.type(1.0 / n)  # not 1 / n: int / int64 would be float64
     for r in range(start, stop):
@@ -39,6 +51,40 @@ def _rms_norm_forward(x, weight, eps, out, rstd, start, stop):
         for j in range(n):
             total += xr[j] * xr[j]
         rs = x.dtype.type(1) / np.sqrt(total * inv_n + eps)
+        if not total < x.dtype.type(np.inf):  # squares overflowed (or inf/NaN in the row): rs = 0 would
+            rs = x.dtype.type(np.nan)         # output 0; marked, done again by _rms_norm_rescaled
+            redo[0] = True
+        rstd[r] = rs
+        yr = out[r]
+        for j in range(n):
+            yr[j] = xr[j] * rs * weight[j]
+
+
+@njit(nogil=True, cache=True, fastmath=SUM_FASTMATH)
+def _rms_norm_rescaled(x, weight, eps, out, rstd):
+    """The rows the forward loop marked (rstd NaN) again, on x / c with
+    c = 2^(e-1) for max|x| = m 2^e (0.5 <= m < 1), so |x / c| < 2. A row
+    holding inf stays NaN. Not in KERNELS, as layer_norm's: ordinary data
+    never runs it, so warmup does not compile it."""
+    n = x.shape[1]
+    inv_n = x.dtype.type(1.0 / n)
+    for r in range(x.shape[0]):
+        if rstd[r] == rstd[r]:  # not marked
+            continue
+        xr = x[r]
+        biggest = x.dtype.type(0)
+        for j in range(n):
+            a = abs(xr[j])
+            biggest = a if a > biggest else biggest  # NaN never compares greater
+        if not biggest < x.dtype.type(np.inf):  # an infinite value: the row stays NaN
+            continue
+        scale = x.dtype.type(math.ldexp(1.0, 1 - math.frexp(biggest)[1]))
+        total = x.dtype.type(0)
+        for j in range(n):
+            v = xr[j] * scale
+            total += v * v
+        # eps / c^2 as eps * scale * scale: it underflows to 0 (harmless) where c^2 would overflow
+        rs = x.dtype.type(1) / np.sqrt(total * inv_n + eps * scale * scale) * scale
         rstd[r] = rs
         yr = out[r]
         for j in range(n):
@@ -69,7 +115,10 @@ def _rms_norm_backward(x, weight, rstd, grad, dx, dweight_blocks, block_rows, st
 
 def rms_norm_forward(x, weight, eps, out, rstd):
     """out = rms_norm(x) * weight, and each row's rstd; x, out: (rows, n)."""
-    parallel_for(_rms_norm_forward, x.shape[0], x, weight, eps, out, rstd, item_size=x.shape[1])
+    redo = np.zeros(1, np.bool_)  # set by a row too large to square (or holding inf or NaN)
+    parallel_for(_rms_norm_forward, x.shape[0], x, weight, eps, out, rstd, redo, item_size=x.shape[1])
+    if redo[0]:
+        _rms_norm_rescaled(x, weight, eps, out, rstd)
 
 
 def rms_norm_backward(x, weight, rstd, grad, dx):

@@ -277,6 +277,9 @@ def rms_norm(x, weight, normalized_ndim=1, eps=1e-6):
         raise ShapeError(f"rms_norm: input of shape {x.shape} with weight {weight.shape}: the weight "
                          f"must have the shape of the last {normalized_ndim} input axes")
     axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
+    # rows too large to square: rms_norm(x) = rms_norm(x / c) with eps / c^2, as in layer_norm
+    c = Tensor(_power_of_two_scale(x.data, axes))
+    x, eps = x / c, eps / c / c
     return x / ((x * x).mean(axis=axes, keepdims=True) + eps).sqrt() * weight
 
 

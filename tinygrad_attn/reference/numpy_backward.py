@@ -100,6 +100,12 @@ def log_softmax_backward(y, grad, axis=-1):
 
 # ---------------------------------------------------------------- layer norm
 
+def _row_scale(x, axes):
+    """Per row, 2^(e-1) for max|x| = m 2^e (0.5 <= m < 1); 1 for rows below 1."""
+    return np.ldexp(np.ones((), x.dtype),
+                    np.maximum(np.frexp(np.abs(x).max(axis=axes, keepdims=True, initial=0))[1] - 1, 0))
+
+
 def _normalized(x, normalized_ndim, eps):
     """(xhat, rstd, axes): xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps),
     mean and biased var over the last `normalized_ndim` axes.
@@ -108,8 +114,7 @@ def _normalized(x, normalized_ndim, eps):
     rows below 1): exact, so xhat is the same, and rstd(x) = rstd(x / c) / c
     with eps / c^2; but a row of 1e30 in float32 no longer overflows when squared."""
     axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
-    c = np.ldexp(np.ones((), x.dtype),
-                 np.maximum(np.frexp(np.abs(x).max(axis=axes, keepdims=True, initial=0))[1] - 1, 0))
+    c = _row_scale(x, axes)
     xs = x / c
     centered = xs - xs.mean(axis=axes, keepdims=True)
     rstd = 1 / np.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps / c / c)
@@ -442,8 +447,18 @@ def embedding_backward(indices, grad, num_embeddings, padding_idx=None):
 
 def rms_norm_forward(x, weight, normalized_ndim=1, eps=1e-6):
     """y = x / sqrt(mean(x^2) + eps) * w over the last `normalized_ndim` axes."""
+    xhat, _, _ = _rms_normalized(x, normalized_ndim, eps)
+    return xhat * weight
+
+
+def _rms_normalized(x, normalized_ndim, eps):
+    """(xhat, rstd, axes), rstd = 1 / sqrt(mean(x^2) + eps): on x / c, as `_normalized`, so a
+    row too large to square gives its right values."""
     axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
-    return x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps) * weight
+    c = _row_scale(x, axes)
+    xs = x / c
+    rstd = 1 / np.sqrt((xs * xs).mean(axis=axes, keepdims=True) + eps / c / c)
+    return xs * rstd, rstd / c, axes
 
 
 def rms_norm_backward(x, weight, grad, normalized_ndim=1, eps=1e-6):
@@ -459,9 +474,7 @@ def rms_norm_backward(x, weight, grad, normalized_ndim=1, eps=1e-6):
     but it is still orthogonal to xhat when eps = 0 (scaling a row changes
     nothing). (The fused op: tinygrad_attn.ops.rms_norm.RMSNormOp.)
     """
-    axes = tuple(range(x.ndim - normalized_ndim, x.ndim))
-    rstd = 1 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
-    xhat = x * rstd
+    xhat, rstd, axes = _rms_normalized(x, normalized_ndim, eps)
     gw = grad * weight
     dx = rstd * (gw - xhat * (gw * xhat).mean(axis=axes, keepdims=True))
     return dx, (grad * xhat).sum(axis=tuple(range(x.ndim - normalized_ndim)))
