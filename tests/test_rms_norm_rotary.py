@@ -68,12 +68,15 @@ def test_rms_norm_eps_none_is_the_dtypes_machine_epsilon():
         assert not np.allclose(got, x / np.sqrt(x * x + 1e-6), rtol=1e-2)  # another eps gives another answer
 
 
-def test_rms_norm_overflow_gives_what_pytorch_gives():
-    """A mean square that overflows: x * 1/sqrt(inf) = 0 in PyTorch, and here."""
+def test_rms_norm_overflow_gives_the_right_values_where_pytorch_gives_0():
+    """A mean square that overflows float32: PyTorch returns x * 1/sqrt(inf) = 0;
+    the normalised values are 1 and 1, and that is what we return (rows too
+    large to square: tests/test_kernels.py)."""
     x = np.array([[3e38, 3e38], [1.0, 2.0]], np.float32)
     ours = F.rms_norm(tg.Tensor(x), 2).data
     theirs = torch.nn.functional.rms_norm(torch.tensor(x), (2,)).numpy()
-    np.testing.assert_array_equal(ours[0], theirs[0])
+    np.testing.assert_array_equal(theirs[0], [0.0, 0.0])
+    np.testing.assert_allclose(ours[0], [1.0, 1.0], rtol=1e-6)
     np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6)
 
 
