@@ -504,12 +504,20 @@ def test_rms_norm_of_rows_too_large_to_square_matches_pytorch(dtype, big, path):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rms_norm_of_a_row_holding_inf_or_nan_is_nan(dtype):
-    x = tg.tensor(np.array([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]], dtype), requires_grad=True)
-    y = F.rms_norm(x, (3,))
-    assert np.isnan(y.data[:2]).all() and np.isfinite(y.data[2]).all()
+def test_rms_norm_of_a_row_holding_inf_or_nan_is_what_pytorch_and_the_twins_give(dtype):
+    """inf: x * 1/sqrt(inf) = [NaN, 0, 0]; NaN: NaN; the gradients of both rows NaN."""
+    pytest.importorskip("torch")
+    import torch
+    from tinygrad_attn.reference import numpy_backward as nb
+    x = np.array([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]], dtype)
+    xt = tg.tensor(x, requires_grad=True)
+    y = F.rms_norm(xt, (3,))
+    expected = torch.nn.functional.rms_norm(torch.tensor(x), (3,)).numpy()
+    np.testing.assert_allclose(y.data, expected, rtol=1e-6)  # NaN where NaN
+    np.testing.assert_allclose(nb.rms_norm_forward(x, np.ones(3, dtype), eps=np.finfo(dtype).eps), expected,
+                               rtol=1e-6)
     y.sum().backward()
-    assert np.isnan(x.grad.data[:2]).all() and np.isfinite(x.grad.data[2]).all()
+    assert np.isnan(xt.grad.data[:2]).all() and np.isfinite(xt.grad.data[2]).all()
 
 
 # ------------------------------------------------------------------ dropout

@@ -19,7 +19,8 @@ the output and gradient 0 (what PyTorch's float32 rms_norm returns). As in
 layer_norm.py, the forward loop marks such a row (rstd NaN) and
 `_rms_norm_rescaled` does it again on x / c, c a power of two near its
 largest |x|: exact, with rstd(x) = rstd(x / c) / c and eps / c^2. A row
-holding inf or NaN gives NaN.
+holding inf gives rstd 0 (NaN where x is inf, 0 elsewhere, as PyTorch and
+the twins), one holding NaN gives NaN.
 
 Each row is one cache-resident pass; the sums may be reordered (fast-math
 'reassoc', see fastmath.py): they add squares or products of bounded
@@ -64,7 +65,7 @@ def _rms_norm_forward(x, weight, eps, out, rstd, redo, start, stop):
 def _rms_norm_rescaled(x, weight, eps, out, rstd):
     """The rows the forward loop marked (rstd NaN) again, on x / c with
     c = 2^(e-1) for max|x| = m 2^e (0.5 <= m < 1), so |x / c| < 2. A row
-    holding inf stays NaN. Not in KERNELS, as layer_norm's: ordinary data
+    holding inf gets rstd 0, one holding NaN NaN. Not in KERNELS, as layer_norm's: ordinary data
     never runs it, so warmup does not compile it."""
     n = x.shape[1]
     inv_n = x.dtype.type(1.0 / n)
@@ -76,15 +77,16 @@ def _rms_norm_rescaled(x, weight, eps, out, rstd):
         for j in range(n):
             a = abs(xr[j])
             biggest = a if a > biggest else biggest  # NaN never compares greater
-        if not biggest < x.dtype.type(np.inf):  # an infinite value: the row stays NaN
-            continue
-        scale = x.dtype.type(math.ldexp(1.0, 1 - math.frexp(biggest)[1]))
-        total = x.dtype.type(0)
-        for j in range(n):
-            v = xr[j] * scale
-            total += v * v
-        # eps / c^2 as eps * scale * scale: it underflows to 0 (harmless) where c^2 would overflow
-        rs = x.dtype.type(1) / np.sqrt(total * inv_n + eps * scale * scale) * scale
+        if not biggest < x.dtype.type(np.inf):  # inf in the row: rs = 1/sqrt(inf) = 0, as the twins and
+            rs = x.dtype.type(0)                # PyTorch give (inf * 0 = NaN, the rest 0)
+        else:  # (a NaN row comes here, NaN never being the biggest, and gets rs NaN)
+            scale = x.dtype.type(math.ldexp(1.0, 1 - math.frexp(biggest)[1]))
+            total = x.dtype.type(0)
+            for j in range(n):
+                v = xr[j] * scale
+                total += v * v
+            # eps / c^2 as eps * scale * scale: it underflows to 0 (harmless) where c^2 would overflow
+            rs = x.dtype.type(1) / np.sqrt(total * inv_n + eps * scale * scale) * scale
         rstd[r] = rs
         yr = out[r]
         for j in range(n):
