@@ -80,7 +80,10 @@ class Row(namedtuple("Row", "op label shape inputs params prep")):
     parameters; a Draw there is drawn too; the op's defaults fill the rest).
     `prep` says how the drawn arrays reach the op, through each framework's
     own ops (so their backward is timed too): None, as drawn; "transpose_b",
-    the second one with its last two axes swapped (a view, K^T in Q K^T)."""
+    the second one with its last two axes swapped (a view, K^T in Q K^T);
+    "repeat_kv", the second and third (key and value) with each head
+    repeated for the query heads that share it (grouped-query attention
+    through a copy, beside the kernel's enable_gqa, which reads them in place)."""
 
 
 def row(op, label, shape, inputs, prep=None, **params):
@@ -104,6 +107,8 @@ KERNELS = {
                             is_causal=True),
     "attention_gqa": row("ScaledDotProductAttention", "attention causal, 2 kv heads", _GQA_SHAPE, _GQA,
                          is_causal=True, enable_gqa=True),
+    "attention_gqa_repeat": row("ScaledDotProductAttention", "attention causal, 2 kv heads, repeated", _GQA_SHAPE,
+                                _GQA, prep="repeat_kv", is_causal=True),
     "layer_norm": row("LayerNormOp", "layer_norm", f"({_B},{_T},{_D})", [normal(_B, _T, _D), normal(_D), normal(_D)],
                       normalized_ndim=1, eps=1e-5),
     "cross_entropy": row("CrossEntropy", "cross_entropy", f"({_B * _T},{_V})", [normal(_B * _T, _V)],
@@ -118,8 +123,8 @@ KERNELS = {
 }
 KERNEL_GROUPS = (("Kernels at the issue's shapes", ("bmm_issue", "softmax_issue")),
                  (f"Kernels at Transformer shapes (B={_B}, T={_T}, d={_D}, {_H} heads, ffn {_FF})",
-                  ("linear", "qk", "softmax", "attention", "attention_causal", "attention_gqa", "layer_norm",
-                   "cross_entropy", "dropout", "silu")))
+                  ("linear", "qk", "softmax", "attention", "attention_causal", "attention_gqa",
+                   "attention_gqa_repeat", "layer_norm", "cross_entropy", "dropout", "silu")))
 LLAMA_ROWS = ("rms_norm", "rotary")  # the llama table's, next to its training step
 
 

@@ -122,8 +122,22 @@ def _transpose_b_grads(arrays, grads):
     return [grads[0], np.swapaxes(grads[1], -1, -2), *grads[2:]]
 
 
+def _repeat_kv(arrays):
+    q, k, v, *rest = arrays
+    groups = q.shape[-3] // k.shape[-3]
+    return [q, np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3), *rest]
+
+
+def _repeat_kv_grads(arrays, grads):
+    """Each shared head's gradient: the sum of its repeated copies'."""
+    def summed(g, kv):
+        return g.reshape(kv.shape[:-2] + (-1,) + kv.shape[-2:]).sum(axis=-3)
+    return [grads[0], summed(grads[1], arrays[1]), summed(grads[2], arrays[2]), *grads[3:]]
+
+
 # How a row's arrays reach the op (cases.Row.prep): the arrays, and the gradients back to the drawn arrays.
-PREP = {None: (lambda arrays: arrays, lambda arrays, grads: grads), "transpose_b": (_transpose_b, _transpose_b_grads)}
+PREP = {None: (lambda arrays: arrays, lambda arrays, grads: grads), "transpose_b": (_transpose_b, _transpose_b_grads),
+        "repeat_kv": (_repeat_kv, _repeat_kv_grads)}
 
 
 def build(case, path):

@@ -358,8 +358,18 @@ def _forward_arguments(op, n_arrays, params):
     return names, full
 
 
+def _repeat_kv(ts):
+    """Grouped-query attention through a copy: the key and value heads repeated for the
+    query heads sharing them, by reference.repeat_kv_heads (what F.scaled_dot_product_attention
+    did before the kernel read shared heads in place; its backward sums each group)."""
+    from tinygrad_attn.reference import repeat_kv_heads  # here: a --before checkout may have none
+    q, k, v, *rest = ts
+    return [q, repeat_kv_heads(q, k), repeat_kv_heads(q, v), *rest]
+
+
 # How a row's arrays reach the op (cases.Row.prep), through our ops.
-PREP = {None: lambda ts: ts, "transpose_b": lambda ts: [ts[0], ts[1].swapaxes(-1, -2), *ts[2:]]}
+PREP = {None: lambda ts: ts, "transpose_b": lambda ts: [ts[0], ts[1].swapaxes(-1, -2), *ts[2:]],
+        "repeat_kv": _repeat_kv}
 
 
 def _init_kernel(key, path, rng):

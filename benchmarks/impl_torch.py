@@ -209,8 +209,15 @@ OP_TWINS = {
     "RotaryOp": lambda x, cos, sin: LLAMA_TWINS.llama_apply_rotary_emb(x, cos, sin),  # llama2.c's, in torch
 }
 
+def _repeat_kv(ts):
+    q, k, v, *rest = ts
+    groups = q.shape[-3] // k.shape[-3]
+    return [q, k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3), *rest]
+
+
 # How a row's arrays reach the op (cases.Row.prep), through torch's ops.
-PREP = {None: lambda ts: ts, "transpose_b": lambda ts: [ts[0], ts[1].transpose(-1, -2), *ts[2:]]}
+PREP = {None: lambda ts: ts, "transpose_b": lambda ts: [ts[0], ts[1].transpose(-1, -2), *ts[2:]],
+        "repeat_kv": _repeat_kv}
 
 
 def _kernel(key, mode, path):
