@@ -6,7 +6,8 @@ and names its shared input file (`files_of`):
 
     W1, W2, W3, copy   a training step of a workload (WORKLOADS)
     enc:0.0, enc:0.1   forward+backward of one encoder layer, dropout 0 / 0.1
-    kernel:KEY:fwd     a kernel's forward, no graph (KERNELS)
+    kernel:KEY:fwd     an op's forward, no graph: KEY is a row of KERNELS, or
+                       OP@SIZE, the op's example(float32, SIZE) (example_row)
     kernel:KEY:fwdbwd  its forward and the backward of a fixed random gradient
     optim:KEY          one optimizer step on fixed gradients (OPTIMIZERS)
     alt:KEY            a kernel, a BLAS matmul, both in turn (ours only)
@@ -18,6 +19,7 @@ the case from that file, so all of them start from the same numbers.
 This module imports only the standard library, so the parent stays free of
 any framework's thread pools.
 """
+from collections import namedtuple
 
 # ------------------------------------------------------------ the workloads
 # Every layer argument is passed by keyword in the builders (impl_*.py):
@@ -29,63 +31,119 @@ W3 = dict(embed_dim=128, num_heads=4, batch=32, seq=64)
 COPY = dict(num_symbols=10, length=10, d_model=64, nhead=4, layers=2, ffn=256, batch=64, lr=1e-3,
             weight_decay=0.01)
 CLIP_NORM = 1.0  # W2 and copy clip the global gradient norm as the trainer does; W1 does not
+# Llama (llama2.c's architecture): nanoGPT's CPU size with 2 of the 4 heads' keys and
+# values shared; SwiGLU width 352 (llama2.c's rule, multiple_of 32); a char vocabulary;
+# AdamW and clipping as W2.
+LLAMA = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=65, multiple_of=32, max_seq_len=64,
+             batch=12, lr=1e-3, weight_decay=0.1)
 
 WORKLOADS = {  # id: row label
     "W1": "W1 encoder LM, 2 post-norm layers d128, Adam, 32x64",
     "W2": "W2 char-GPT, 4 pre-norm blocks d128, AdamW, clip, 12x64",
     "W3": "W3 MultiheadAttention(128, 4) fwd+bwd, 32x64",
     "copy": "copy Seq2Seq, 2+2 layers d64, AdamW, clip, 64x10",
+    "llama": "Llama char-LM, 4 blocks d128, 4 heads / 2 kv, AdamW, clip, 12x64",
 }
 
 ENCODER = dict(d_model=128, nhead=4, ffn=512, batch=32, seq=64)
 ENCODER_CASES = ("enc:0.0", "enc:0.1")  # the dropout probability follows the colon
 
 # ------------------------------------------------------------ the kernels
-# KEY: (row label, shape text, inputs, differentiable), inputs as (kind, shape, scale):
-# "f" standard normal float32 times scale, "i" integers in [0, scale).
+# A kernel row is an op of Function.registry applied to some (arrays, params),
+# the same rows in every framework: ours calls Op.apply, numpy the op's numpy
+# twin (the functions its docstring names in tinygrad_attn/reference/numpy_backward.py),
+# PyTorch the op's twin in impl_torch.OP_TWINS when it has one. Every op that
+# declares an `example` (the ops that run a kernel) gets a row by itself, from
+# its example(float32, KERNEL_SIZE): our worker lists them (impl_ours.kernel_cases),
+# so nothing here names them. KERNELS below are rows of the same kind whose
+# inputs are given by hand, at the shapes people read: the issue's, a small
+# Transformer's, the Llama's.
+KERNEL_SIZE = 2 ** 20  # elements in the main input of the rows built from examples (run.py --kernel-size)
+
+
+class Draw(namedtuple("Draw", "kind shape scale grad")):
+    """An input our worker draws: kind "f", standard normal float32 times
+    `scale`, requiring grad if `grad`; kind "i", integers in [0, scale)."""
+
+
+def normal(*shape, scale=1.0, grad=True):
+    return Draw("f", shape, scale, grad)
+
+
+def integers(*shape, high):
+    return Draw("i", shape, high, False)
+
+
+class Row(namedtuple("Row", "op label shape inputs params prep")):
+    """A kernel row given by hand: the op (its class name in Function.registry)
+    applied to `inputs` (Draws, the op's arrays) with `params` (its keyword
+    parameters; a Draw there is drawn too; the op's defaults fill the rest).
+    `prep` says how the drawn arrays reach the op, through each framework's
+    own ops (so their backward is timed too): None, as drawn; "transpose_b",
+    the second one with its last two axes swapped (a view, K^T in Q K^T);
+    "repeat_kv", the second and third (key and value) with each head
+    repeated for the query heads that share it (grouped-query attention
+    through a copy, beside the kernel's enable_gqa, which reads them in place)."""
+
+
+def row(op, label, shape, inputs, prep=None, **params):
+    return Row(op, label, shape, inputs, params, prep)
+
+
 _B, _T, _D, _H, _FF, _V = 32, 64, 128, 4, 512, 1024
 _E = _D // _H
+_LB, _LT, _LD, _LH = LLAMA["batch"], LLAMA["max_seq_len"], LLAMA["dim"], LLAMA["n_heads"]
+_QKV = [normal(_B, _H, _T, _E)] * 3
+_GQA, _GQA_SHAPE = [normal(_B, _H, _T, _E)] + [normal(_B, _H // 2, _T, _E)] * 2, f"({_B},{_H}/{_H // 2},{_T},{_E})"
 KERNELS = {
-    "bmm_issue": ("matmul (batched)", "(32,8,64,64)@same",
-                  [("f", (32, 8, 64, 64), 1.0), ("f", (32, 8, 64, 64), 1.0)], (True, True)),
-    "softmax_issue": ("softmax", "(64,8,128,128)", [("f", (64, 8, 128, 128), 3.0)], (True,)),
-    "linear": ("linear (in-proj)", f"({_B},{_T},{_D})->{3 * _D}",
-               [("f", (_B, _T, _D), 1.0), ("f", (3 * _D, _D), 0.1), ("f", (3 * _D,), 1.0)],
-               (True, True, True)),
-    "qk": ("matmul (Q K^T)", f"({_B},{_H},{_T},{_E})",
-           [("f", (_B, _H, _T, _E), 1.0), ("f", (_B, _H, _T, _E), 1.0)], (True, True)),
-    "softmax": ("softmax", f"({_B},{_H},{_T},{_T})", [("f", (_B, _H, _T, _T), 3.0)], (True,)),
-    "attention": ("attention", f"({_B},{_H},{_T},{_E})", [("f", (_B, _H, _T, _E), 1.0)] * 3,
-                  (True, True, True)),
-    "attention_causal": ("attention causal", f"({_B},{_H},{_T},{_E})", [("f", (_B, _H, _T, _E), 1.0)] * 3,
-                         (True, True, True)),
-    "layer_norm": ("layer_norm", f"({_B},{_T},{_D})",
-                   [("f", (_B, _T, _D), 1.0), ("f", (_D,), 1.0), ("f", (_D,), 1.0)], (True, True, True)),
-    "cross_entropy": ("cross_entropy", f"({_B * _T},{_V})", [("f", (_B * _T, _V), 1.0), ("i", (_B * _T,), _V)],
-                      (True, False)),
-    "dropout": ("dropout p=0.1", f"({_B},{_T},{_FF})", [("f", (_B, _T, _FF), 1.0)], (True,)),
-    "attention_gqa": ("attention causal, 2 kv heads", f"({_B},{_H}/{_H // 2},{_T},{_E})",
-                      [("f", (_B, _H, _T, _E), 1.0)] + [("f", (_B, _H // 2, _T, _E), 1.0)] * 2, (True, True, True)),
-    "silu": ("silu", f"({_B},{_T},{_FF})", [("f", (_B, _T, _FF), 2.0)], (True,)),
+    "bmm_issue": row("MatMul", "matmul (batched)", "(32,8,64,64)@same", [normal(32, 8, 64, 64)] * 2),
+    "softmax_issue": row("Softmax", "softmax", "(64,8,128,128)", [normal(64, 8, 128, 128, scale=3.0)], axis=-1),
+    "linear": row("LinearOp", "linear (in-proj)", f"({_B},{_T},{_D})->{3 * _D}",
+                  [normal(_B, _T, _D), normal(3 * _D, _D, scale=0.1), normal(3 * _D)]),
+    "qk": row("MatMul", "matmul (Q K^T)", f"({_B},{_H},{_T},{_E})", [normal(_B, _H, _T, _E)] * 2, prep="transpose_b"),
+    "softmax": row("Softmax", "softmax", f"({_B},{_H},{_T},{_T})", [normal(_B, _H, _T, _T, scale=3.0)], axis=-1),
+    "attention": row("ScaledDotProductAttention", "attention", f"({_B},{_H},{_T},{_E})", _QKV),
+    "attention_causal": row("ScaledDotProductAttention", "attention causal", f"({_B},{_H},{_T},{_E})", _QKV,
+                            is_causal=True),
+    "attention_gqa": row("ScaledDotProductAttention", "attention causal, 2 kv heads", _GQA_SHAPE, _GQA,
+                         is_causal=True, enable_gqa=True),
+    "attention_gqa_repeat": row("ScaledDotProductAttention", "attention causal, 2 kv heads, repeated", _GQA_SHAPE,
+                                _GQA, prep="repeat_kv", is_causal=True),
+    "layer_norm": row("LayerNormOp", "layer_norm", f"({_B},{_T},{_D})", [normal(_B, _T, _D), normal(_D), normal(_D)],
+                      normalized_ndim=1, eps=1e-5),
+    "cross_entropy": row("CrossEntropy", "cross_entropy", f"({_B * _T},{_V})", [normal(_B * _T, _V)],
+                         target=integers(_B * _T, high=_V)),
+    "dropout": row("DropoutOp", "dropout p=0.1", f"({_B},{_T},{_FF})", [normal(_B, _T, _FF)], p=0.1),
+    "silu": row("Silu", "silu", f"({_B},{_T},{_FF})", [normal(_B, _T, _FF, scale=2.0)]),
+    # a Llama step's kernels at its shapes (the llama table): PyTorch's F.rms_norm, llama2.c's rotary in torch
+    "rms_norm": row("RMSNormOp", "rms_norm", f"({_LB},{_LT},{_LD})", [normal(_LB, _LT, _LD), normal(_LD)],
+                    normalized_ndim=1, eps=1e-5),
+    "rotary": row("RotaryOp", "rotary (queries)", f"({_LB},{_LT},{_LH},{_LD // _LH})",
+                  [normal(_LB, _LT, _LH, _LD // _LH)] + [normal(_LT, _LD // _LH // 2, grad=False)] * 2),
 }
 KERNEL_GROUPS = (("Kernels at the issue's shapes", ("bmm_issue", "softmax_issue")),
                  (f"Kernels at Transformer shapes (B={_B}, T={_T}, d={_D}, {_H} heads, ffn {_FF})",
-                  ("linear", "qk", "softmax", "attention", "attention_causal", "attention_gqa", "layer_norm",
-                   "cross_entropy", "dropout", "silu")))
-# The fused op each kernel case times (tests/test_benchmarks.py: every fused op of the
-# registry has a case here, or a reason below).
-KERNEL_OPS = {"bmm_issue": "MatMul", "softmax_issue": "Softmax", "linear": "LinearOp", "qk": "MatMul",
-              "softmax": "Softmax", "attention": "ScaledDotProductAttention",
-              "attention_causal": "ScaledDotProductAttention", "attention_gqa": "ScaledDotProductAttention",
-              "layer_norm": "LayerNormOp", "cross_entropy": "CrossEntropy", "dropout": "DropoutOp", "silu": "Silu",
-              "rms_norm": "RMSNormOp", "rotary": "RotaryOp"}
-NOT_BENCHMARKED = {  # fused op: why it has no kernel case
-    "LogSoftmax": "softmax's kernel with log=True; cross_entropy, which training uses, has its own",
-    "AttentionWeights": "need_weights only: a softmax backward and two products of the matmul kernel",
-    "PackedSelfAttention": "the attention kernel on a packed projection: W3 times it in MultiheadAttention",
-    "Gelu": "timed inside the W2 workload (the GPT's MLP)",
-}
-DROPOUT_P = 0.1
+                  ("linear", "qk", "softmax", "attention", "attention_causal", "attention_gqa",
+                   "attention_gqa_repeat", "layer_norm", "cross_entropy", "dropout", "silu")))
+LLAMA_ROWS = ("rms_norm", "rotary")  # the llama table's, next to its training step
+
+
+def example_row(op, size):
+    """The key of the row of `op` (a class name) built from its example(float32, size)."""
+    return f"{op}@{size}"
+
+
+def example_of(key):
+    """(op, size) of a row built from an example; None for a row of KERNELS."""
+    op, at, size = key.partition("@")
+    return (op, int(size)) if at else None
+
+
+class Absent(Exception):
+    """Raised by a worker's build when its framework has no version of a case
+    (an op with no PyTorch twin, or whose numpy twin cannot be called): the
+    row is timed without it, and says why."""
+
 
 # ------------------------------------------------------------ optimizers
 # The parameter shapes of W2's GPT (nanoGPT's CPU configuration).
@@ -157,19 +215,3 @@ class Built:
 
     def __init__(self, step, check, train=None):
         self.step, self.check, self.train = step, check, train
-
-
-# ------------------------------------------------------------ Llama (llama2.c's architecture)
-# nanoGPT's CPU size with 2 of the 4 heads' keys and values shared; SwiGLU width 352
-# (llama2.c's rule, multiple_of 32); a char vocabulary; AdamW and clipping as W2.
-LLAMA = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=65, multiple_of=32, max_seq_len=64,
-             batch=12, lr=1e-3, weight_decay=0.1)
-WORKLOADS["llama"] = "Llama char-LM, 4 blocks d128, 4 heads / 2 kv, AdamW, clip, 12x64"
-_LB, _LT, _LD, _LH = LLAMA["batch"], LLAMA["max_seq_len"], LLAMA["dim"], LLAMA["n_heads"]
-LLAMA_KERNELS = {  # a Llama step's new kernels at its shapes; PyTorch: F.rms_norm, llama2.c's rotary in torch
-    "rms_norm": ("rms_norm", f"({_LB},{_LT},{_LD})", [("f", (_LB, _LT, _LD), 1.0), ("f", (_LD,), 1.0)],
-                 (True, True)),
-    "rotary": ("rotary (queries)", f"({_LB},{_LT},{_LH},{_LD // _LH})",
-               [("f", (_LB, _LT, _LH, _LD // _LH), 1.0)], (True,)),
-}
-KERNELS.update(LLAMA_KERNELS)

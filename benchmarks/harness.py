@@ -120,6 +120,7 @@ class Session:
         self.directory = self._tmp.name
         self._workers = {}
         self._ready = {}  # framework -> cases set up in its worker
+        self._absent = {}  # (framework, case) -> why that worker has no version of the case
 
     def workers(self, *frameworks):
         """The available workers among `frameworks`, in that order; new ones are announced on stdout."""
@@ -137,12 +138,21 @@ class Session:
         ours[0].ask("init", case=case)
 
     def prepare(self, case, workers):
-        """Write the case's files and build it in each worker."""
+        """Write the case's files and build it in each worker; returns the
+        workers that have it (`absent` says why the others do not)."""
         self.init(case)
         for w in workers:
-            if case not in self._ready[w.framework]:
-                w.ask("setup", case=case)
-                self._ready[w.framework].add(case)
+            if case not in self._ready[w.framework] and (w.framework, case) not in self._absent:
+                reply = w.ask("setup", case=case)
+                if "absent" in reply:
+                    self._absent[w.framework, case] = reply["absent"]
+                else:
+                    self._ready[w.framework].add(case)
+        return [w for w in workers if case in self._ready[w.framework]]
+
+    def absent(self, case):
+        """{framework: why it has no version of `case`}, for the frameworks asked so far."""
+        return {f: why for (f, c), why in self._absent.items() if c == case}
 
     def close(self):
         for w in self._workers.values():

@@ -6,7 +6,9 @@ buffers a twin needs, such as the sinusoidal table); `build(case, path)`
 builds the case from that file and returns a `cases.Built`. impl_torch.py builds
 the same cases from the same file.
 """
+import inspect
 import os
+import re
 import zlib
 
 import numpy as np
@@ -17,6 +19,7 @@ from tinygrad_attn import models, nn, optim
 
 import baselines
 import cases as C
+import kernel_rows
 
 NAME = "tinygrad_attn"
 
@@ -156,15 +159,7 @@ def init(case, path):
         arrays = {"in.x": rng.standard_normal(shape, np.float32), "in.g": rng.standard_normal(shape, np.float32),
                   **_weights(_encoder_layer(0.0))}
     elif kind == "kernel":
-        _, _, inputs, _ = C.KERNELS[case.split(":")[1]]
-        arrays = {}
-        for i, (what, shape, scale) in enumerate(inputs):
-            arrays[f"in.{i}"] = (rng.integers(0, scale, shape) if what == "i"
-                                 else (rng.standard_normal(shape) * scale).astype(np.float32))
-        # The gradient backward starts from: random, not ones (softmax's gradient of ones is 0)
-        with tg.no_grad():
-            out = KERNEL_FNS[case.split(":")[1]](*[tg.Tensor(arrays[f"in.{i}"]) for i in range(len(inputs))])
-        arrays["in.grad"] = rng.standard_normal(out.shape).astype(np.float32)
+        return _init_kernel(case.split(":")[1], path, rng)
     elif kind == "optim":
         arrays = {}
         for i, shape in enumerate(C.OPTIM_SHAPES):
@@ -206,7 +201,7 @@ def build(case, path):
         return _encoder(float(rest), inputs, weights)
     if kind == "kernel":
         key, mode = rest.split(":")
-        return _kernel(key, mode, inputs)
+        return _kernel(key, mode, path)
     if kind == "optim":
         return _optimizer(rest, inputs)
     if kind == "alt":
@@ -304,46 +299,113 @@ def _encoder(p, inputs, weights):
 
 # ------------------------------------------------------------ kernels
 
-KERNEL_FNS = {
-    "bmm_issue": lambda a, b: a @ b,
-    "softmax_issue": lambda x: F.softmax(x, dim=-1),
-    "linear": F.linear,
-    "qk": lambda q, k: q @ k.swapaxes(-1, -2),
-    "softmax": lambda x: F.softmax(x, dim=-1),
-    "attention": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-    "attention_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-    "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
-    "cross_entropy": lambda x, target: F.cross_entropy(x, target.numpy()),
-    "dropout": lambda x: F.dropout(x, C.DROPOUT_P),
-    "attention_gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-    "silu": lambda x: F.silu(x),  # looked up when called: a --before checkout may have no silu
-}
+def ops_with_kernels():
+    """The registered ops that run a kernel: those that declare an `example` (autograd.Function)."""
+    return {name: op for name, op in tg.Function.registry.items() if op.example is not None}
 
 
-def _kernel(key, mode, inputs):
-    fn = KERNEL_FNS[key]
-    _, _, _, differentiable = C.KERNELS[key]
-    ts = [tg.Tensor(inputs[str(i)], requires_grad=d) for i, d in enumerate(differentiable)]
-    grad = inputs["grad"]
+def _shape_text(arrays):
+    return str(tuple(arrays[0].shape)).replace(" ", "") + (f"+{len(arrays) - 1}" if len(arrays) > 1 else "")
+
+
+def kernel_cases(size):
+    """A row for every op with a kernel, built from its example(float32, size):
+    [{"key", "label", "shape"}] (the shape of its first array, +N others)."""
+    rows = []
+    for name, op in ops_with_kernels().items():
+        arrays, _ = op.example(np.float32, size)
+        rows.append({"key": C.example_row(name, size), "label": name, "shape": _shape_text(arrays)})
+    return rows
+
+
+def twin_name(op):
+    """The name of op's numpy twin, from its docstring ("Readable version:
+    tinygrad_attn.reference.numpy_backward.silu_backward" gives "silu"), or None."""
+    found = re.search(r"tinygrad_attn\.reference\.numpy_backward\.(\w+)_backward", op.__doc__ or "")
+    return found.group(1) if found else None
+
+
+def _draw(d, rng):
+    return rng.integers(0, d.scale, d.shape) if d.kind == "i" else (rng.standard_normal(d.shape) * d.scale).astype(
+        np.float32)
+
+
+def _row_inputs(key, rng):
+    """(op, arrays, params, which arrays require grad, prep) of a kernel row:
+    the op's example(float32, size) (as the warm-up runs it: floating arrays
+    require grad), or a row of cases.KERNELS, drawn."""
+    example = C.example_of(key)
+    if example is not None:
+        name, size = example
+        op = tg.Function.registry[name]
+        arrays, params = op.example(np.float32, size)
+        return op, list(arrays), dict(params), [a.dtype.kind == "f" for a in arrays], None
+    row = C.KERNELS[key]
+    params = {k: _draw(v, rng) if isinstance(v, C.Draw) else v for k, v in row.params.items()}
+    return tg.Function.registry[row.op], [_draw(d, rng) for d in row.inputs], params, [d.grad for d in row.inputs], \
+        row.prep
+
+
+def _forward_arguments(op, n_arrays, params):
+    """(the names forward gives op's n_arrays arrays, params with forward's
+    defaults filled in). `seed` is left out: it fixes an op's random numbers
+    (tests use it); a row draws them at each call, as training does."""
+    after_ctx = list(inspect.signature(op.forward).parameters.values())[1:]
+    names = [p.name for p in after_ctx[:n_arrays]]
+    full = {p.name: p.default for p in after_ctx[n_arrays:] if p.default is not inspect.Parameter.empty}
+    full.update(params)
+    full.pop("seed", None)
+    return names, full
+
+
+def _repeat_kv(ts):
+    """Grouped-query attention through a copy: the key and value heads repeated for the
+    query heads sharing them, by reference.repeat_kv_heads (what F.scaled_dot_product_attention
+    did before the kernel read shared heads in place; its backward sums each group)."""
+    from tinygrad_attn.reference import repeat_kv_heads  # here: a --before checkout may have none
+    q, k, v, *rest = ts
+    return [q, repeat_kv_heads(q, k), repeat_kv_heads(q, v), *rest]
+
+
+# How a row's arrays reach the op (cases.Row.prep), through our ops.
+PREP = {None: lambda ts: ts, "transpose_b": lambda ts: [ts[0], ts[1].swapaxes(-1, -2), *ts[2:]],
+        "repeat_kv": _repeat_kv}
+
+
+def _init_kernel(key, path, rng):
+    """Write a kernel row's file (kernel_rows.py): the arrays, the parameters, a
+    random gradient of the output's shape (not ones: softmax's gradient of ones
+    is 0), and whether the op is random (two calls on the same inputs differ)."""
+    op, arrays, params, grads, prep = _row_inputs(key, rng)
+    names, params = _forward_arguments(op, len(arrays), params)
+    with tg.no_grad():
+        ts = PREP[prep]([tg.Tensor(a) for a in arrays])
+        out, again = (op.apply(*ts, **params).numpy() for _ in range(2))
+    random = not np.array_equal(out, again, equal_nan=True)
+    meta = dict(op=op.__name__, names=names, grads=grads, prep=prep, twin=twin_name(op), random=random)
+    kernel_rows.save(path, arrays, params, rng.standard_normal(out.shape).astype(out.dtype), meta)
+
+
+def _kernel(key, mode, path):
+    row = kernel_rows.Row(path)
+    op, prep = tg.Function.registry[row.op], PREP[row.meta["prep"]]
+    ts = [tg.Tensor(a, requires_grad=g) for a, g in zip(row.arrays, row.grads)]
 
     def fwd():
         with tg.no_grad():
-            return fn(*ts)
+            return op.apply(*prep(ts), **row.params)
 
     def fwd_bwd():
         for t in ts:
             t.grad = None
-        fn(*ts).backward(grad)
+        op.apply(*prep(ts), **row.params).backward(row.grad)
 
     def check():
         out = fwd().numpy()
-        if key == "dropout":
-            return {"dropout?": baselines.dropout_ok(ts[0].numpy(), out, C.DROPOUT_P)}
-        result = {"out": out}
-        if mode == "fwdbwd":
-            fwd_bwd()
-            result.update({f"grad{i}": t.grad.numpy() for i, t in enumerate(ts) if t.requires_grad})
-        return result
+        if mode == "fwd":
+            return kernel_rows.check(row, out)
+        fwd_bwd()
+        return kernel_rows.check(row, out, [None if t.grad is None else t.grad.numpy() for t in ts])
     return C.Built(fwd if mode == "fwd" else fwd_bwd, check)
 
 
@@ -412,8 +474,3 @@ def _llama(inputs, weights):
 
 
 _WORKLOAD_BUILDERS["llama"] = _llama
-_ROTARY = nn.precompute_freqs_cis(C.LLAMA["dim"] // C.LLAMA["n_heads"], C.LLAMA["max_seq_len"])
-KERNEL_FNS.update({
-    "rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps=1e-5),
-    "rotary": lambda x: F.apply_rotary_emb(x, *_ROTARY),
-})

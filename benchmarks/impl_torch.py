@@ -9,6 +9,7 @@ import torch
 
 import baselines
 import cases as C
+import kernel_rows
 
 NAME = "torch"
 TF = torch.nn.functional
@@ -44,7 +45,7 @@ def build(case, path):
         return _encoder(float(rest), inputs, weights)
     if kind == "kernel":
         key, mode = rest.split(":")
-        return _kernel(key, mode, inputs)
+        return _kernel(key, mode, path)
     if kind == "optim":
         return _optimizer(rest, inputs)
     raise KeyError(f"case {case!r} has no PyTorch version")
@@ -161,46 +162,89 @@ def _encoder(p, inputs, weights):
     return C.Built(step, check)
 
 
-KERNEL_FNS = {
-    "bmm_issue": lambda a, b: a @ b,
-    "softmax_issue": lambda x: torch.softmax(x, dim=-1),
-    "linear": lambda x, w, b: TF.linear(x, w, b),
-    "qk": lambda q, k: q @ k.transpose(-1, -2),
-    "softmax": lambda x: torch.softmax(x, dim=-1),
-    "attention": lambda q, k, v: TF.scaled_dot_product_attention(q, k, v),
-    "attention_causal": lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True),
-    "layer_norm": lambda x, w, b: TF.layer_norm(x, (x.shape[-1],), w, b),
-    "cross_entropy": lambda x, target: TF.cross_entropy(x, target),
-    "dropout": lambda x: TF.dropout(x, C.DROPOUT_P),
-    "attention_gqa": lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-    "silu": TF.silu,
+# ------------------------------------------------------------ kernel rows
+# The PyTorch twin of an op (its class name): called as Op.apply is, with the
+# op's arrays as tensors and its parameters by the op's names (the op's
+# defaults filled in; array parameters as tensors). An op with none gets its
+# row all the same, ours against numpy, marked "no PyTorch twin".
+
+def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, enable_gqa=False):
+    return TF.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                           scale=scale, enable_gqa=enable_gqa)
+
+
+def _packed_self_attention(qkv, attn_mask=None, num_heads=1, is_causal=False, scale=None, dropout_p=0.0):
+    """qkv (B, T, 3 * H * hd), its last axis laid out (3, H, hd): attention per head, heads side by side."""
+    B, T, width = qkv.shape
+    q, k, v = qkv.reshape(B, T, 3, num_heads, width // (3 * num_heads)).permute(2, 0, 3, 1, 4)
+    out = TF.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=scale)
+    return out.transpose(1, 2).reshape(B, T, -1)
+
+
+def _normalized_shape(x, normalized_ndim):
+    return x.shape[x.ndim - normalized_ndim:]
+
+
+OP_TWINS = {
+    "MatMul": lambda a, b: a @ b,
+    "LinearOp": lambda x, weight, bias=None: TF.linear(x, weight, bias),
+    "Softmax": lambda x, axis=-1: torch.softmax(x, dim=axis),
+    "LogSoftmax": lambda x, axis=-1: torch.log_softmax(x, dim=axis),
+    "ScaledDotProductAttention": _sdpa,
+    "PackedSelfAttention": _packed_self_attention,
+    "LayerNormOp": lambda x, weight, bias, normalized_ndim=1, eps=1e-5: TF.layer_norm(
+        x, _normalized_shape(x, normalized_ndim), weight, bias, eps),
+    "RMSNormOp": lambda x, weight, normalized_ndim=1, eps=1e-6: TF.rms_norm(
+        x, _normalized_shape(x, normalized_ndim), weight, eps),
+    "CrossEntropy": lambda logits, target=None, ignore_index=-100, label_smoothing=0.0, reduction="mean":
+        TF.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                         reduction=reduction),
+    "DropoutOp": lambda x, p=0.5: TF.dropout(x, p),
+    "Relu": torch.relu,
+    "Gelu": lambda x, approximate="none": TF.gelu(x, approximate=approximate),
+    "Silu": TF.silu,
+    "Erfc": torch.special.erfc,
+    "GetItem": lambda x, index: x[index],
+    "RotaryOp": lambda x, cos, sin: LLAMA_TWINS.llama_apply_rotary_emb(x, cos, sin),  # llama2.c's, in torch
 }
 
+def _repeat_kv(ts):
+    q, k, v, *rest = ts
+    groups = q.shape[-3] // k.shape[-3]
+    return [q, k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3), *rest]
 
-def _kernel(key, mode, inputs):
-    fn = KERNEL_FNS[key]
-    _, _, _, differentiable = C.KERNELS[key]
-    ts = [torch.tensor(inputs[str(i)], requires_grad=d) for i, d in enumerate(differentiable)]
-    grad = torch.from_numpy(inputs["grad"])
+
+# How a row's arrays reach the op (cases.Row.prep), through torch's ops.
+PREP = {None: lambda ts: ts, "transpose_b": lambda ts: [ts[0], ts[1].transpose(-1, -2), *ts[2:]],
+        "repeat_kv": _repeat_kv}
+
+
+def _kernel(key, mode, path):
+    row = kernel_rows.Row(path)
+    twin = OP_TWINS.get(row.op)
+    if twin is None:
+        raise C.Absent("no PyTorch twin")
+    prep = PREP[row.meta["prep"]]
+    ts = [torch.tensor(a, requires_grad=g) for a, g in zip(row.arrays, row.grads)]
+    params = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in row.params.items()}
+    grad = torch.from_numpy(row.grad)
 
     def fwd():
         with torch.no_grad():
-            return fn(*ts)
+            return twin(*prep(ts), **params)
 
     def fwd_bwd():
         for t in ts:
             t.grad = None
-        fn(*ts).backward(grad)
+        twin(*prep(ts), **params).backward(grad)
 
     def check():
         out = fwd().numpy()
-        if key == "dropout":
-            return {"dropout?": baselines.dropout_ok(inputs["0"], out, C.DROPOUT_P)}
-        result = {"out": out}
-        if mode == "fwdbwd":
-            fwd_bwd()
-            result.update({f"grad{i}": t.grad.numpy() for i, t in enumerate(ts) if t.requires_grad})
-        return result
+        if mode == "fwd":
+            return kernel_rows.check(row, out)
+        fwd_bwd()
+        return kernel_rows.check(row, out, [None if t.grad is None else t.grad.numpy() for t in ts])
     return C.Built(fwd if mode == "fwd" else fwd_bwd, check)
 
 
@@ -300,8 +344,3 @@ def _llama(inputs, weights, buffers):
 
 
 _WORKLOAD_BUILDERS["llama"] = _llama
-_ROTARY = LLAMA_TWINS.llama_precompute_freqs_cis(C.LLAMA["dim"] // C.LLAMA["n_heads"], C.LLAMA["max_seq_len"])
-KERNEL_FNS.update({
-    "rms_norm": lambda x, w: TF.rms_norm(x, (x.shape[-1],), w, eps=1e-5),
-    "rotary": lambda x: LLAMA_TWINS.llama_apply_rotary_emb(x, *_ROTARY),
-})

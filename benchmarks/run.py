@@ -1,7 +1,7 @@
 """Benchmark tinygrad_attn against PyTorch (CPU, eager) and plain numpy.
 
     PYTHONPATH=. python benchmarks/run.py [--only TABLE ...] [--rounds R] [--repeat N]
-                                          [--threads N] [--quick] [--skip-startup]
+                                          [--threads N] [--quick] [--skip-startup] [--kernel-size N]
 
 Each framework runs in a worker process of its own (worker.py): their
 thread pools would otherwise compete for the cores and slow each other
@@ -14,7 +14,9 @@ steps; the table shows the median of the rounds' medians, their spread
 ((max - min) / median), and the ratios other/ours (above 1: we are faster).
 
 Tables (--only, repeatable; default all):
-  kernels      each kernel, forward and forward+backward, against numpy and PyTorch
+  kernels      each kernel, forward and forward+backward, against the op's numpy twin and PyTorch:
+               rows at chosen shapes (cases.KERNELS), then a row for every op with a kernel,
+               from its example (Function.registry)
   alternating  a LayerNorm kernel alternating with a BLAS matmul (ours alone)
   encoder      one post-norm encoder layer, forward+backward, dropout 0 and 0.1
   steps        training steps W1, W2, W3 and the copy model (alias: models)
@@ -57,14 +59,16 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="one round of two steps, a warm start-up run only: checks that everything runs")
     p.add_argument("--skip-startup", action="store_true", help="leave out the start-up table")
+    p.add_argument("--kernel-size", type=int, default=C.KERNEL_SIZE, metavar="N",
+                   help="elements of the kernel rows built from the ops' examples (default %(default)s)")
     p.add_argument("--before", metavar="DIR",
                    help="also time another checkout of tinygrad_attn (e.g. a worktree of an earlier commit) in "
                         "the steps, encoder and busy tables, interleaved with this one")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.repeat, args.warmup = 1, 2, 0
-    if args.rounds < 1 or args.repeat < 1 or args.warmup < 0:
-        p.error("--rounds and --repeat must be >= 1, --warmup >= 0")
+    if args.rounds < 1 or args.repeat < 1 or args.warmup < 0 or args.kernel_size < 1:
+        p.error("--rounds, --repeat and --kernel-size must be >= 1, --warmup >= 0")
     chosen = {ALIASES.get(t, t) for t in args.only or TABLES}
     if args.skip_startup and not args.only:
         chosen.discard("startup")
@@ -85,13 +89,14 @@ class Run:
         return H.alternate(case, workers, a.rounds, a.repeat, a.warmup)
 
     def checked(self, case, workers):
-        """Prepare and check `case` in `workers` (the first is the reference);
-        the agreement column's text, and whether it may be timed. A case is
-        checked once, on its initial weights, before any timed step."""
+        """Prepare and check `case` in `workers` (the first is the reference):
+        the agreement column's text, whether it may be timed, and the workers
+        that have the case (those to time). A case is checked once, on its
+        initial weights, before any timed step."""
         key = (case, tuple(w.framework for w in workers))
         if key not in self.agreement:
-            self.session.prepare(case, workers)
-            self.agreement[key] = self._check(case, workers)
+            present = self.session.prepare(case, workers)
+            self.agreement[key] = self._check(case, present) + (present,)
         return self.agreement[key]
 
     def _check(self, case, workers):
@@ -126,21 +131,37 @@ def ratio(other, ours):
 
 # ------------------------------------------------------------ tables
 
+def kernel_groups(run):
+    """[(heading, [(key, label, shape)])]: the rows of cases.KERNELS at their
+    shapes, then a row for every op with a kernel, from its example at
+    --kernel-size elements (our worker lists them, from the registry)."""
+    groups = [(heading, [(key, C.KERNELS[key].label, C.KERNELS[key].shape) for key in keys])
+              for heading, keys in C.KERNEL_GROUPS]
+    (ours,) = run.session.workers("ours")
+    size = run.args.kernel_size
+    listed = ours.ask("kernel_cases", size=size)["cases"]
+    groups.append((f"Every op with a kernel (Function.registry), on its example(float32, {size}); "
+                   "numpy: the op's numpy twin", [(c["key"], c["label"], c["shape"]) for c in listed]))
+    return groups
+
+
 def kernels_table(run):
     workers = run.session.workers("ours", "numpy", "torch")
-    for heading, keys in C.KERNEL_GROUPS:
+    for heading, rows in kernel_groups(run):
         title(heading)
-        print(f"{'kernel':26s} {'shape':20s} {'ours ms':>14s} {'numpy ms':>14s} {'torch ms':>14s} "
+        width = max([26] + [len(label) + len(" fwd+bwd") for _, label, _ in rows])
+        shape_width = max([20] + [len(shape) for _, _, shape in rows])
+        print(f"{'kernel':{width}s} {'shape':{shape_width}s} {'ours ms':>14s} {'numpy ms':>14s} {'torch ms':>14s} "
               f"{'np/ours':>7s} {'pt/ours':>7s}  agree")
-        for key in keys:
-            label, shape, _, _ = C.KERNELS[key]
+        for key, label, shape in rows:
             for mode, suffix in (("fwd", " fwd"), ("fwdbwd", " fwd+bwd")):
                 case = C.kernel_case(key, mode)
-                agree, ok = run.checked(case, workers)
-                t = run.time(case, workers) if ok else {}
+                agree, ok, present = run.checked(case, workers)
+                t = run.time(case, present) if ok else {}
                 ours, np_, pt = t.get("ours"), t.get("numpy"), t.get("torch")
-                print(f"{label + suffix:26s} {shape:20s} {ms(ours, 3)} {ms(np_, 3)} {ms(pt, 3)} "
-                      f"{ratio(np_, ours)} {ratio(pt, ours)}  {agree}")
+                absent = "; ".join(run.session.absent(case).values())
+                print(f"{label + suffix:{width}s} {shape:{shape_width}s} {ms(ours, 3)} {ms(np_, 3)} {ms(pt, 3)} "
+                      f"{ratio(np_, ours)} {ratio(pt, ours)}  {agree}" + (f"  [{absent}]" if absent else ""))
 
 
 def alternating_table(run):
@@ -171,8 +192,8 @@ def comparison_table(run, heading, rows, first_column, before=False):
     extra = f" {'before ms':>14s} {'bf/ours':>7s}" if "before" in frameworks else ""
     print(f"{first_column:{width}s} {'ours ms':>14s} {'torch ms':>14s} {'pt/ours':>7s}{extra}  agree")
     for label, case in rows:
-        agree, ok = run.checked(case, workers)
-        t = run.time(case, workers) if ok else {}
+        agree, ok, present = run.checked(case, workers)
+        t = run.time(case, present) if ok else {}
         ours, torch, earlier = t.get("ours"), t.get("torch"), t.get("before")
         extra = f" {ms(earlier)} {ratio(earlier, ours)}" if "before" in frameworks else ""
         print(f"{label:{width}s} {ms(ours)} {ms(torch)} {ratio(torch, ours)}{extra}  {agree}")
@@ -210,7 +231,7 @@ def busy_table(run):
                                              for n in names))
     a = run.args
     for case in BUSY_CASES:
-        _, ok = run.checked(case, workers)
+        _, ok, _ = run.checked(case, workers)
         if not ok:
             print(f"{C.WORKLOADS[case]:{width}s} DISAGREE")
             continue
@@ -312,7 +333,8 @@ def startup_table(run):
 def llama_table(run):
     c = C.LLAMA
     rows = [(C.WORKLOADS["llama"], "llama")]
-    for key, (label, shape, _, _) in C.LLAMA_KERNELS.items():
+    for key in C.LLAMA_ROWS:
+        label, shape = C.KERNELS[key].label, C.KERNELS[key].shape
         rows += [(f"{label} {shape} fwd", C.kernel_case(key, "fwd")),
                  (f"{label} {shape} fwd+bwd", C.kernel_case(key, "fwdbwd"))]
     comparison_table(run, f"Llama (dim {c['dim']}, {c['n_layers']} layers, {c['n_heads']} heads, {c['n_kv_heads']} "

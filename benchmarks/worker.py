@@ -11,12 +11,16 @@ The worker first writes {"ready": info} (versions, BLAS, threads), or
 {"error": ...} when the framework cannot be imported. Then, per request:
 
     {"op": "init", "case": C}       (ours) draw C's inputs and weights into its file
-    {"op": "setup", "case": C}      build C from its file
+    {"op": "setup", "case": C}      build C from its file; {"absent": why} if this
+                                    framework has no version of C (cases.Absent)
     {"op": "check", "case": C}      run C's check; results to DIR/check/C.FRAMEWORK.npz
     {"op": "time", "case": C, "steps": N, "warmup": W}
                                     W untimed steps, then N timed: {"times": [s, ...]}
     {"op": "profile", "case": C, "steps": N}   where C's step spends its time
     {"op": "rss"}                   {"peak_rss_mb": peak resident memory so far}
+    {"op": "kernel_cases", "size": N}
+                                    (ours) {"cases": a row for every op with a kernel,
+                                    from its example at N elements (impl_ours.kernel_cases)}
     {"op": "quit"}
 
 A failed request answers {"error": traceback}; the worker carries on.
@@ -77,7 +81,10 @@ class Server:
             return {}
         if op == "setup":
             if case not in self.built:
-                self.built[case] = self.impl.build(case, self.path(case))
+                try:
+                    self.built[case] = self.impl.build(case, self.path(case))
+                except cases.Absent as absent:
+                    return {"absent": str(absent)}
             return {}
         if op == "check":
             return {"file": self.save_check(case, self.built[case].check())}
@@ -87,6 +94,8 @@ class Server:
             return {"profile": self.impl.profile(self.built[case], request["steps"])}
         if op == "rss":
             return {"peak_rss_mb": peak_rss_mb()}
+        if op == "kernel_cases":
+            return {"cases": self.impl.kernel_cases(request["size"])}
         raise ValueError(f"unknown request {op!r}")
 
     def save_check(self, case, result):
