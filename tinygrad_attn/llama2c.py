@@ -197,10 +197,12 @@ def tokenizer_path_for(model_path):
 def export_run(path, out, overwrite=False):
     """Write the Llama of a run (directory or checkpoint) as `out` and its
     tokenizer beside it (`tokenizer_path_for`); refuses existing files unless
-    overwrite=True. Returns (model file, tokenizer file)."""
-    from .train.run import load_run
+    overwrite=True, and always the files of the run itself
+    (`train.run.check_not_run_files`). Returns (model file, tokenizer file)."""
+    from .train.run import check_not_run_files, load_run
     out = os.fspath(out)
     tokenizer = tokenizer_path_for(out)
+    check_not_run_files(path, out, tokenizer)
     for target in (out, tokenizer):
         if os.path.isdir(target):
             raise IsADirectoryError(f"{target} is a directory; give the file to write, e.g. {target}/model.bin")
