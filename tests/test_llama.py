@@ -5,12 +5,15 @@ the shared heads only; the reference ops path.
 
 Opt-in, with LLAMA2C_DIR set to a llama2.c checkout
 (https://github.com/karpathy/llama2.c; none is shipped here): the same
-against llama2.c's own model.py run under torch. Without LLAMA2C_DIR
-these tests are skipped, listed with the reason (pytest -ra): a skip,
-never a silent pass."""
+against llama2.c's own model.py run under torch, and llama2.c's run.c,
+compiled with gcc, generating our greedy tokens from an `export --to
+llama2c`. Without LLAMA2C_DIR these tests are skipped, listed with the
+reason (pytest -ra): a skip, never a silent pass."""
 import dataclasses
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -173,7 +176,7 @@ def llama2c_file(name):
     root = os.environ.get("LLAMA2C_DIR")
     if not root:
         pytest.skip("LLAMA2C_DIR is not set: point it at a llama2.c checkout "
-                    "(github.com/karpathy/llama2.c) to test against its model.py")
+                    "(github.com/karpathy/llama2.c) to test against its model.py and run.c")
     path = Path(root) / name
     if not path.is_file():
         pytest.fail(f"LLAMA2C_DIR={root} has no {name}: it should be a llama2.c checkout")
@@ -231,3 +234,55 @@ def test_logits_and_gradients_match_llama2cs_own_model_py(n_kv_heads):
     worst = max(differences, key=differences.get)
     assert differences[worst] <= 1e-5, f"{worst}: {differences[worst]:.1e}"
 
+
+def test_llama2cs_run_c_generates_our_greedy_tokens(tmp_path, capsys):
+    """llama2.c's run.c, compiled here, on an `export --to llama2c` of a small
+    random Llama run (weights large enough that greedy decoding does not
+    just repeat a character): greedy (-t 0), with and without a prompt, it
+    prints the characters of our own greedy generation up to its stop and
+    one newline. Its stops, both seen: the first newline generated (id 1,
+    run.c's BOS; the newline's embedding row is scaled up in a second
+    export to make it likely), or max_seq_len positions."""
+    run_c = llama2c_file("run.c")
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not found: it compiles llama2.c's run.c")
+    binary = tmp_path / "llama2c-run"
+    subprocess.run([gcc, "-O2", "-o", str(binary), str(run_c), "-lm"], check=True, capture_output=True)
+    from tinygrad_attn.cli import main
+    from tinygrad_attn.train import load_run
+
+    from .test_train import quiet, tiny
+    trainer = quiet(tiny(tmp_path, "charlm", arch="llama", seq_len=48, kv_heads=1))
+    rng = np.random.default_rng(1)
+    for p in trainer.model.parameters():
+        p.data += rng.normal(0.0, 1.0, p.shape).astype(p.data.dtype)
+    trainer.save_checkpoint()
+    newline = load_run(tmp_path / "run")[1].tokenizer.chars.index("\n")
+    stops, compared = set(), 0
+    for newline_scale in (1.0, 1.5):
+        trainer.model.tok_embeddings.weight.data[newline] *= newline_scale
+        trainer.save_checkpoint()
+        assert main(["export", str(tmp_path / "run"), "--to", "llama2c", str(tmp_path / "m.bin"), "--overwrite"]) == 0
+        capsys.readouterr()
+        model, meta = load_run(tmp_path / "run")
+        steps = model.config.max_seq_len
+        for prompt in (None, "First", "Spe", "d"):
+            flags = [] if prompt is None else ["-i", prompt]
+            result = subprocess.run([str(binary), str(tmp_path / "m.bin"), "-z", str(tmp_path / "m.tokenizer.bin"),
+                                     "-t", "0", "-n", str(steps)] + flags, capture_output=True, text=True, check=True)
+            # run.c reads newline (its BOS), then with a prompt a space (the dummy prefix) and the prompt
+            context = "\n" + ("" if prompt is None else " " + prompt)
+            ids = model.generate(meta.encode(context), steps + 1 - len(context), temperature=0.0)
+            generated = meta.decode(ids)[len(context):]
+            line = generated.split("\n")[0]
+            stops.add("newline" if "\n" in generated else "max_seq_len")
+            # the choices up to run.c's stop are clear: no near tie that float rounding could flip
+            logits = np.sort(model(ids[None, :-1]).data[0, len(context) - 1:][:len(line) + 1], axis=-1)
+            assert (logits[:, -1] - logits[:, -2]).min() > 1e-3, (prompt, logits[:, -1] - logits[:, -2])
+            if prompt is None and line.startswith(" "):
+                line = line[1:]  # run.c's decode drops a space that follows BOS
+            expected = ("" if prompt is None else prompt) + line + "\n"
+            assert result.stdout == expected, (newline_scale, prompt, result.stdout, generated)
+            compared += len(line)
+    assert stops == {"newline", "max_seq_len"} and compared >= 150  # enough to mean something

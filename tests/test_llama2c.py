@@ -2,9 +2,9 @@
 llama2.c export: the model file in export.py's version-0 layout and the
 tokenizer file that llama2.c's run.c reads, checked with our own reader.
 
-(That run.c itself runs an exported model and gives our tokens and logits
-was checked by hand against a llama2.c checkout; no C compiler nor network
-is assumed here.)"""
+(That run.c itself runs an exported model and gives our greedy tokens is
+tests/test_llama.py's test_llama2cs_run_c_generates_our_greedy_tokens,
+opt-in: it needs LLAMA2C_DIR, a llama2.c checkout, and gcc.)"""
 import struct
 
 import numpy as np
