@@ -4,6 +4,8 @@ Arrays are filled from a numpy generator seeded by hypothesis (fast, and
 shrinkable through the seed); with `noncontiguous` they are transposed views,
 so ops see permuted strides as well as plain C order.
 """
+import math
+
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
@@ -75,14 +77,15 @@ def packed_attention_inputs(draw):
 
 @st.composite
 def gqa_attention_inputs(draw):
-    """Grouped-query attention: q (B, Hq, L, E) and k, v (B or 1, Hkv, S, .) with Hq a
-    multiple of Hkv, a mask (None, boolean or float) that broadcasts to (B, Hq, L, S),
-    is_causal and scale."""
-    B, kv_heads, groups = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    """Grouped-query attention: q (B, Hq, L, E), k (B or 1, Hk, S, E) and v (B or 1,
+    Hv, S, Ev) with Hq a multiple of Hk and of Hv (the same or not), a mask (None,
+    boolean or float) that broadcasts to (B, Hq, L, S), is_causal and scale."""
+    B, k_heads, v_heads = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
     L, S, E, Ev = (draw(st.integers(1, 3)) for _ in range(4))
-    heads, kv_batch = kv_heads * groups, draw(st.sampled_from([B, 1]))
+    heads = math.lcm(k_heads, v_heads) * draw(st.integers(1, 2))
+    kv_batch = draw(st.sampled_from([B, 1]))
     q = draw(arrays((B, heads, L, E)))
-    k, v = draw(arrays((kv_batch, kv_heads, S, E))), draw(arrays((kv_batch, kv_heads, S, Ev)))
+    k, v = draw(arrays((kv_batch, k_heads, S, E))), draw(arrays((kv_batch, v_heads, S, Ev)))
     mask_shape = draw(st.sampled_from([(), (heads,), (B, 1), (B, heads)])) + (draw(st.sampled_from([1, L])), S)
     mask = _mask(draw, draw(st.sampled_from(["none", "bool", "float"])), mask_shape)
     return q, k, v, mask, draw(st.booleans()), draw(st.sampled_from([None, 0.7]))

@@ -1,6 +1,7 @@
 """TINYGRAD_ATTN_NO_SKIPS=1 (set by .ci/run) turns a skip for a missing
 declared package into a failure, and leaves other skips alone."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,10 @@ def test_needs_an_undeclared_package():
 @pytest.mark.skipif(True, reason="data file not present")
 def test_needs_a_data_file():
     pass
+
+
+def test_needs_a_checkout_named_by_an_environment_variable():  # as tests/test_llama.py's LLAMA2C_DIR
+    pytest.skip("SOME_CHECKOUT_DIR_XYZ is not set: point it at a checkout")
 '''
 
 MODULE_LEVEL = '''
@@ -69,7 +74,7 @@ def project(tmp_path):
 def test_without_the_variable_missing_packages_skip(project):
     result = run(project, no_skips=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 skipped" in result.stdout
+    assert "5 skipped" in result.stdout
 
 
 def test_with_it_a_missing_declared_package_fails_and_other_skips_stay(project):
@@ -79,4 +84,5 @@ def test_with_it_a_missing_declared_package_fails_and_other_skips_stay(project):
     assert "FAILED tests/test_demo.py::test_needs_a_declared_package" in out
     assert "ERROR tests/test_module_level.py" in out  # the module-level importorskip, at collection
     assert "'not_installed_pkg_xyz' is missing, but pyproject.toml declares it" in out
-    assert "2 skipped" in out  # the undeclared module and the absent data file
+    assert "3 skipped" in out  # the undeclared module, the absent data file and the unset variable
+    assert re.search(r"SKIPPED \[1\] tests/test_demo\.py:\d+: SOME_CHECKOUT_DIR_XYZ is not set", out)  # with its reason

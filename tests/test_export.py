@@ -116,3 +116,43 @@ def test_an_exported_file_names_its_run_but_holds_no_local_path(tmp_path):
     assert str(tmp_path) not in header and str(tmp_path.resolve()) not in header
     from tinygrad_attn.train.run import run_name
     assert run_name(tmp_path / "elsewhere" / "best.safetensors") == "best.safetensors"
+
+
+@pytest.mark.parametrize("to", ["torch", "llama2c"])
+def test_export_never_writes_over_a_file_of_the_run_even_with_overwrite(tmp_path, capsys, to):
+    """The checkpoint (by any name: the directory, the file, a link to it)
+    and the run's other files are refused as the output, --overwrite or not:
+    replacing them would destroy the run that sample and resume read."""
+    out, _ = _run_dir(tmp_path, "charlm", arch="llama")
+    checkpoint = out / "checkpoint.safetensors"
+    (out / "metrics.json").write_text("{}")
+    (tmp_path / "link.safetensors").symlink_to(checkpoint)
+    (tmp_path / "hard.safetensors").hardlink_to(checkpoint)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    targets = [checkpoint, out / ".." / "run" / "checkpoint.safetensors", tmp_path / "link.safetensors",
+               tmp_path / "hard.safetensors", out / "metrics.json", out / "metrics.jsonl"]
+    for source in (out, checkpoint):
+        for target in targets:
+            for extra in ([], ["--overwrite"]):
+                status, err = _cli(["export", str(source), "--to", to, str(target)] + extra, capsys)
+                assert status == 2 and "error:" in err and "Traceback" not in err, (target, err)
+                assert "the run" in err and str(target) in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not (out / "metrics.jsonl").exists()  # refused by name too: the run writes it
+    assert load_run(out)[1].step == 0  # the run still loads
+
+
+def test_llama2c_export_refuses_a_tokenizer_path_on_a_file_of_the_run(tmp_path, capsys):
+    out, _ = _run_dir(tmp_path, "charlm", arch="llama")
+    checkpoint = out / "checkpoint.safetensors"
+    (tmp_path / "m.tokenizer.bin").symlink_to(checkpoint)  # m.bin's tokenizer would be the checkpoint
+    before = checkpoint.read_bytes()
+    status, err = _cli(["export", str(out), "--to", "llama2c", str(tmp_path / "m.bin"), "--overwrite"], capsys)
+    assert status == 2 and "m.tokenizer.bin" in err and "the run" in err, err
+    assert checkpoint.read_bytes() == before and not (tmp_path / "m.bin").exists()
+
+
+def _cli(argv, capsys):
+    status = main(argv)
+    _, err = capsys.readouterr()
+    return status, err

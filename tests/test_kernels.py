@@ -354,17 +354,22 @@ def test_attention_matches_pytorch():
         np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("heads", [(4, 2), (6, 3), (4, 1), (2, 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("heads", [(4, 2, 2), (6, 3, 3), (4, 1, 1), (2, 2, 2),
+                                   (4, 2, 4), (4, 4, 2), (6, 3, 2), (4, 1, 2), (6, 1, 3)])
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal"])
-def test_grouped_query_attention_matches_pytorch(heads, mask_kind):
+def test_grouped_query_attention_matches_pytorch(heads, mask_kind, dtype):
     """enable_gqa=True: output and gradients of Q, K, V as torch's, K and V
-    with fewer heads (one shared by each group of query heads)."""
+    with fewer heads (one shared by each group of query heads), and, as in
+    torch, key and value with head counts of their own (each dividing the
+    query's)."""
     torch = pytest.importorskip("torch")
-    hq, hkv = heads
-    q, k, v = randn(2, hq, 5, 4), randn(2, hkv, 6, 4), randn(2, hkv, 6, 3)
-    mask = {"none": None, "causal": None, "bool": rng.random((2, hq, 5, 6)) > 0.3, "float": randn(hq, 5, 6)}[mask_kind]
+    hq, hk, hv = heads
+    q, k, v = randn(2, hq, 5, 4, dtype=dtype), randn(2, hk, 6, 4, dtype=dtype), randn(2, hv, 6, 3, dtype=dtype)
+    mask = {"none": None, "causal": None, "bool": rng.random((2, hq, 5, 6)) > 0.3,
+            "float": randn(hq, 5, 6, dtype=dtype)}[mask_kind]
     kw = dict(is_causal=mask_kind == "causal", enable_gqa=True)
-    g = randn(2, hq, 5, 3)
+    g = randn(2, hq, 5, 3, dtype=dtype)
     ts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
     expected = torch.nn.functional.scaled_dot_product_attention(
         *ts, attn_mask=None if mask is None else torch.tensor(mask), **kw)
@@ -372,9 +377,12 @@ def test_grouped_query_attention_matches_pytorch(heads, mask_kind):
     ours = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
     out = F.scaled_dot_product_attention(*ours, attn_mask=mask, **kw)
     out.backward(g)
-    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-10, atol=1e-12)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    assert out.dtype == dtype and out.shape == (2, hq, 5, 3)
+    np.testing.assert_allclose(out.data, expected.detach().numpy(), **tol)
     for a, b in zip(ours, ts):
-        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+        assert a.grad.dtype == dtype and a.grad.shape == a.shape
+        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), **tol)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -385,7 +393,7 @@ def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
     sums over a group add in another order); K and V are read where they lie,
     not copied, and dK, dV come back with Hkv heads."""
     from tinygrad_attn.reference import repeat_kv_heads
-    q, k, v = randn(2, 6, 7, 4, dtype=dtype), randn(2, 2, 9, 4, dtype=dtype), randn(2, 2, 9, 5, dtype=dtype)
+    q, k, v = randn(2, 6, 7, 4, dtype=dtype), randn(2, 2, 9, 4, dtype=dtype), randn(2, 3, 9, 5, dtype=dtype)
     g = randn(2, 6, 7, 5, dtype=dtype)
     results = []
     for in_kernel in (True, False):
@@ -394,7 +402,8 @@ def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
         if in_kernel:
             out, ctx = tg.ops.attention.ScaledDotProductAttention.apply_with_ctx(
                 *ts, is_causal=True, dropout_p=0.3, enable_gqa=True)
-            assert ctx.plan.groups == 3 and all(np.shares_memory(a, t.data) for a, t in zip(ctx.plan.inputs, ts))
+            assert ctx.plan.groups == (3, 2, 6)  # 3 query heads per key head, 2 per value head
+            assert all(np.shares_memory(a, t.data) for a, t in zip(ctx.plan.inputs, ts))
         else:
             out = F.scaled_dot_product_attention(ts[0], repeat_kv_heads(ts[0], ts[1]), repeat_kv_heads(ts[0], ts[2]),
                                                  is_causal=True, dropout_p=0.3)
@@ -407,23 +416,55 @@ def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
-def test_grouped_query_attention_weights_fused_and_through_the_twins():
+@pytest.mark.parametrize("kv_heads", [(2, 2), (2, 4), (4, 1)])
+def test_grouped_query_attention_weights_fused_and_through_the_twins(kv_heads):
     """need_weights=True with enable_gqa: the weights, one (L, S) matrix per
     query head, and every gradient through output and weights, fused and
-    inside reference_ops() (the composite twins)."""
+    inside reference_ops() (the composite twins), key and value with the
+    same or different head counts."""
     def fn(q, k, v):
         out, weights = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, need_weights=True)
         assert weights.shape == (2, 4, 5, 6)
         return out, weights
-    assert_same(fn, (randn(2, 4, 5, 3), randn(2, 2, 6, 3), randn(2, 2, 6, 2)))
+    hk, hv = kv_heads
+    assert_same(fn, (randn(2, 4, 5, 3), randn(2, hk, 6, 3), randn(2, hv, 6, 2)))
+
+
+def test_grouped_query_attention_sums_bit_identically_on_any_thread_count():
+    """Key and value groups of different sizes (3 and 2 query heads): each
+    thread takes whole blocks of lcm(3, 2) = 6 query heads, so dK and dV add
+    in the same order on 1 thread and on many."""
+    q, k, v = randn(64, 6, 32, 16, dtype=np.float32), randn(64, 2, 32, 16, dtype=np.float32), \
+        randn(64, 3, 32, 16, dtype=np.float32)
+    g = randn(64, 6, 32, 16, dtype=np.float32)
+
+    def run(count):
+        kernels.set_num_threads(count)
+        try:
+            ts = [tg.Tensor(a, requires_grad=True) for a in (q, k, v)]
+            out = F.scaled_dot_product_attention(*ts, is_causal=True, dropout_p=0.2, enable_gqa=True)
+            out.backward(g)
+            return [out.data] + [t.grad.data for t in ts]
+        finally:
+            kernels.set_num_threads(None)
+    for count in (max(3, threads.get_num_threads()), 2):
+        tg.manual_seed(5)
+        many = run(count)
+        tg.manual_seed(5)
+        for a, b in zip(many, run(1)):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_grouped_query_attention_refuses_heads_that_do_not_divide():
+    """Refused as torch refuses them ("Number of heads in key and value must
+    divide the number of heads in"), naming the op, the arguments and the shapes."""
     t = lambda *shape: tg.Tensor(np.ones(shape))
-    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*query heads 4.*\(2, 4, 3, 2\).*\(2, 3, 5, 2\)"):
-        F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, 3, 5, 2), t(2, 3, 5, 2), enable_gqa=True)
-    with pytest.raises(tg.ShapeError, match=r"scaled_dot_product_attention.*value \(2, 1, 5, 2\)"):
-        F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, 2, 5, 2), t(2, 1, 5, 2), enable_gqa=True)
+    for hk, hv in ((3, 3), (3, 2), (2, 3), (8, 4), (0, 2)):
+        with pytest.raises(tg.ShapeError, match=rf"scaled_dot_product_attention: with enable_gqa the number of "
+                                                rf"heads \(axis -3\) of key \({hk}\) and of value \({hv}\) must "
+                                                rf"each divide the number of query heads 4 \(query \(2, 4, 3, 2\), "
+                                                rf"key \(2, {hk}, 5, 2\), value \(2, {hv}, 5, 2\)\)"):
+            F.scaled_dot_product_attention(t(2, 4, 3, 2), t(2, hk, 5, 2), t(2, hv, 5, 2), enable_gqa=True)
     with pytest.raises(tg.ShapeError, match="enable_gqa needs heads on axis -3"):
         F.scaled_dot_product_attention(t(3, 2), t(5, 2), t(5, 2), enable_gqa=True)
 

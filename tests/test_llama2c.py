@@ -2,9 +2,9 @@
 llama2.c export: the model file in export.py's version-0 layout and the
 tokenizer file that llama2.c's run.c reads, checked with our own reader.
 
-(That run.c itself runs an exported model and gives our tokens and logits
-was checked by hand against a llama2.c checkout; no C compiler nor network
-is assumed here.)"""
+(That run.c itself runs an exported model and gives our greedy tokens is
+tests/test_llama.py's test_llama2cs_run_c_generates_our_greedy_tokens,
+opt-in: it needs LLAMA2C_DIR, a llama2.c checkout, and gcc.)"""
 import struct
 
 import numpy as np
@@ -124,3 +124,35 @@ def test_tokenizer_file_is_run_cs(tmp_path):
         llama2c.write_model(small_llama(norm_eps=1e-6), tmp_path / "x.bin")
     with pytest.raises(TypeError, match="Llama models"):
         llama2c.export(GPT(GPTConfig(vocab_size=6, n_layer=1, n_embd=8, n_head=2)), chars, tmp_path / "a", tmp_path / "b")
+
+
+def test_a_failing_write_leaves_the_earlier_files_intact(tmp_path, monkeypatch):
+    """Each file goes through a temporary file renamed over its path; the
+    export writes both temporary files before renaming either, so a failure
+    leaves neither file half-written nor the pair mismatched."""
+    import os
+    model, chars = small_llama(), "\n !abc"
+    paths = tmp_path / "m.bin", tmp_path / "m.tokenizer.bin"
+    llama2c.export(model, chars, *paths)
+    before = [p.read_bytes() for p in paths]
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device (simulated)")
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="simulated"):
+        llama2c.write_model(small_llama(dim=8), paths[0])
+    with pytest.raises(OSError, match="simulated"):
+        llama2c.write_tokenizer("\n xyz", paths[1])
+    monkeypatch.undo()
+    assert [p.read_bytes() for p in paths] == before and sorted(os.listdir(tmp_path)) == ["m.bin", "m.tokenizer.bin"]
+
+    def interrupted(chars, order=None):  # the tokenizer's bytes fail after the model's are written
+        yield b"\x01\x00\x00\x00"
+        raise KeyboardInterrupt
+    monkeypatch.setattr(llama2c, "_tokenizer_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llama2c.export(small_llama(dim=8), chars, *paths)
+    monkeypatch.undo()
+    assert [p.read_bytes() for p in paths] == before and sorted(os.listdir(tmp_path)) == ["m.bin", "m.tokenizer.bin"]
+    llama2c.export(small_llama(dim=8), chars, *paths)  # and a new export replaces both
+    assert llama2c.read_model(paths[0])[0]["dim"] == 8 and llama2c.read_tokenizer(paths[1], 6)[1][1][1] == b"\n"

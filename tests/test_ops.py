@@ -323,7 +323,8 @@ def attention_case(draw):
 
 @st.composite
 def gqa_attention_case(draw):
-    """Grouped-query attention: each key/value head shared by a group of query heads."""
+    """Grouped-query attention: each key head and each value head shared by a group of
+    query heads (the groups of key and value of the same size or not)."""
     q, k, v, mask, causal, scale = draw(gqa_attention_inputs())
     p = draw(st.sampled_from([0.0, 0.0, 0.4]))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -331,8 +332,9 @@ def gqa_attention_case(draw):
     kw = dict(is_causal=causal, scale=scale, dropout_p=p, seed=seed, enable_gqa=True)
 
     def keep(q, k, v, m):  # the weights' dropout mask: one per query head
-        groups = q.shape[-3] // k.shape[-3]
-        return ref.attention_keep(q, np.repeat(k, groups, -3), np.repeat(v, groups, -3), m, p, seed)
+        hq = q.shape[-3]
+        return ref.attention_keep(q, np.repeat(k, hq // k.shape[-3], -3), np.repeat(v, hq // v.shape[-3], -3),
+                                  m, p, seed)
 
     def reference(q, k, v, m=mask):
         return nb.attention_forward(q, k, v, m, causal, scale, keep(q, k, v, m), p, enable_gqa=True)[0]

@@ -322,6 +322,9 @@ FUNCTIONAL_CASES = {
     "scaled_dot_product_attention enable_gqa (4 query heads, 2 key/value heads)": (
         lambda lib, q, k, v: lib.F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         [normal(2, 4, L, E), normal(2, 2, S, E, seed=1), normal(2, 2, S, 3, seed=2)]),
+    "scaled_dot_product_attention enable_gqa, key and value head counts of their own (6 query, 3 key, 2 value)": (
+        lambda lib, q, k, v: lib.F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        [normal(2, 6, L, E), normal(2, 3, S, E, seed=1), normal(1, 2, S, 3, seed=2)]),
     "softmax / log_softmax positional dim, and dim=None (PyTorch's implicit choice)": (
         lambda lib, x: (lib.F.softmax(x, 1), lib.F.log_softmax(x, 0), lib.F.softmax(x), lib.F.log_softmax(x)),
         [normal(3, 4, 5)]),

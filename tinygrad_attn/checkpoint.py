@@ -16,6 +16,7 @@ It holds files to the format's rules as its reference reader does (the
 header at most 100,000,000 bytes; the tensors tiling the data buffer),
 checked from the header before any tensor data is read.
 """
+import contextlib
 import json
 import math
 import os
@@ -72,25 +73,54 @@ def save(state_dict, path, metadata=None):
     next save to `path` removes it.
     """
     payload = _safetensors_save(_to_arrays(state_dict), metadata=_check_metadata(metadata))
-    path = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"save: cannot write {path}: the directory {directory} does not exist")
-    _remove_stale_temp_files(directory, name)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    write_files({path: [payload]}, "save")
+
+
+def write_files(files, op):
+    """Write {path: chunks of bytes} so that each path holds either its old
+    file or the whole new one: every file is first written to a temporary
+    file beside its path (synced; `save`'s naming, so a later save or
+    write_files to the same path removes the leftover of a killed one),
+    and only when all are written are they renamed over their paths
+    (os.replace). On an error or an interrupt while writing, every
+    temporary file is removed and no path has changed (only a rename
+    failing after the writes succeeded, rare in one directory, would leave
+    the earlier renames done). `op` names the caller in the error of a
+    path that cannot be written."""
+    temps = {}
     try:
-        with open(tmp, "xb") as f:
-            _lock_while_writing(f)
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:  # including KeyboardInterrupt: never leave the temp file behind
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, OSError) and e.filename == tmp:  # name what the user asked to write
-            raise type(e)(e.errno, f"save: cannot write {path}: {e.strerror}") from None
-        raise
+        for path, chunks in files.items():
+            path = os.fspath(path)
+            directory, name = os.path.split(os.path.abspath(path))
+            if not os.path.isdir(directory):
+                raise FileNotFoundError(f"{op}: cannot write {path}: the directory {directory} does not exist")
+            _remove_stale_temp_files(directory, name)
+            tmp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+            with _naming(op, tmp, path), open(tmp, "xb") as f:
+                temps[tmp] = path
+                _lock_while_writing(f)
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in temps.items():
+            with _naming(op, tmp, path):
+                os.replace(tmp, path)
+    finally:  # including KeyboardInterrupt: never leave a temp file behind
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _naming(op, tmp, path):
+    """An OSError about the temporary file names the file the user asked to write."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename != tmp:
+            raise
+        raise type(e)(e.errno, f"{op}: cannot write {path}: {e.strerror}") from None
 
 
 # Leftovers of killed saves. A save writes `.NAME.<pid>-<random>.tmp`; the

@@ -257,7 +257,8 @@ def build_parser(prog="tinygrad-attn"):
                              "charlm run as llama2.c's run.c reads it: OUTPUT and, beside it, "
                              "OUTPUT's name + .tokenizer.bin) (default: torch)")
     export.add_argument("output", metavar="OUTPUT", help="the file to write (.safetensors; llama2c: .bin)")
-    export.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace OUTPUT if it exists (never a file of the run itself)")
     parser.commands["export"] = export
 
     warm = commands.add_parser(

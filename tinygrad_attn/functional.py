@@ -221,7 +221,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     As in PyTorch, is_causal=True with an attn_mask raises, and
     enable_gqa=True lets key and value have fewer heads (axis -3) than the
-    query, each shared by num_heads_q / num_heads_kv consecutive query heads
+    query: Hk and Hv must each divide Hq (they may differ), and query head
+    h reads key head h // (Hq / Hk) and value head h // (Hq / Hv)
     (grouped-query attention: the kernel reads each shared head in place and
     sums its gradient over its group; need_weights' gradient path repeats
     the key instead). `need_weights` (keyword-only) is our extension.

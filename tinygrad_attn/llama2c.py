@@ -47,6 +47,8 @@ import struct
 
 import numpy as np
 
+from .checkpoint import write_files
+
 HEADER = struct.Struct("<7i")
 HEADER_FIELDS = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "max_seq_len")
 RUN_C_EPS = 1e-5  # run.c's rmsnorm: ss += 1e-5f
@@ -98,9 +100,8 @@ def _pieces(chars, order):
     return pieces
 
 
-def write_model(model, path, order=None):
-    """Write a `Llama` in llama2.c's version-0 layout; `order` reorders the vocabulary
-    (export id i = model id order[i]; default: unchanged). Returns the byte count."""
+def _model_bytes(model, order=None):
+    """The chunks of bytes of write_model's file (checked before any is made)."""
     c = model.config
     _check_model(model)
     order = np.arange(c.vocab_size) if order is None else np.asarray(order)
@@ -114,21 +115,30 @@ def write_model(model, path, order=None):
     arrays += [model.norm.weight.data, model.freqs_cos.data[:c.max_seq_len], model.freqs_sin.data[:c.max_seq_len]]
     if not shared:
         arrays.append(model.output.weight.data[order])
-    with open(path, "wb") as f:
-        f.write(header)
-        for a in arrays:
-            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+    return [header] + [np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays]
+
+
+def _tokenizer_bytes(chars, order=None):
+    """The chunks of bytes of write_tokenizer's file (checked before any is made)."""
+    pieces = _pieces(chars, range(len(chars)) if order is None else order)
+    return [struct.pack("<i", max(len(p) for p in pieces))] + [
+        struct.pack("<fi", 0.0, len(piece)) + piece for piece in pieces]
+
+
+def write_model(model, path, order=None):
+    """Write a `Llama` in llama2.c's version-0 layout; `order` reorders the vocabulary
+    (export id i = model id order[i]; default: unchanged). Returns the byte count.
+    As `checkpoint.save`, through a temporary file renamed over `path`: an
+    error or an interrupt leaves any earlier file at `path` intact."""
+    write_files({path: _model_bytes(model, order)}, "llama2c export")
     return os.path.getsize(path)
 
 
 def write_tokenizer(chars, path, order=None):
     """Write the tokenizer file of a character vocabulary (export id i = character
-    chars[order[i]]): every merge score 0 (no piece is a concatenation of two)."""
-    pieces = _pieces(chars, range(len(chars)) if order is None else order)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<i", max(len(p) for p in pieces)))
-        for piece in pieces:
-            f.write(struct.pack("<fi", 0.0, len(piece)) + piece)
+    chars[order[i]]): every merge score 0 (no piece is a concatenation of two).
+    Through a temporary file, as write_model."""
+    write_files({path: _tokenizer_bytes(chars, order)}, "llama2c export")
 
 
 def read_model(path):
@@ -180,11 +190,13 @@ def read_tokenizer(path, vocab_size):
 def export(model, chars, model_path, tokenizer_path):
     """Write the model and tokenizer files of a charlm `Llama` with vocabulary
     `chars` (the newline at id 1, see the module docstring); returns the order
-    of ids used (export id i = our id order[i])."""
+    of ids used (export id i = our id order[i]). Both files are written to
+    temporary files first and renamed over their paths only when both are
+    whole: an error leaves the earlier files (if any) as they were."""
     order = llama2c_ids(chars)
-    _check_model(model), _pieces(chars, order)  # both files or neither
-    write_model(model, model_path, order)
-    write_tokenizer(chars, tokenizer_path, order)
+    # both files or neither: both written to temporary files, then both renamed
+    write_files({model_path: _model_bytes(model, order), tokenizer_path: _tokenizer_bytes(chars, order)},
+                "llama2c export")
     return order
 
 
@@ -197,10 +209,12 @@ def tokenizer_path_for(model_path):
 def export_run(path, out, overwrite=False):
     """Write the Llama of a run (directory or checkpoint) as `out` and its
     tokenizer beside it (`tokenizer_path_for`); refuses existing files unless
-    overwrite=True. Returns (model file, tokenizer file)."""
-    from .train.run import load_run
+    overwrite=True, and always the files of the run itself
+    (`train.run.check_not_run_files`). Returns (model file, tokenizer file)."""
+    from .train.run import check_not_run_files, load_run
     out = os.fspath(out)
     tokenizer = tokenizer_path_for(out)
+    check_not_run_files(path, out, tokenizer)
     for target in (out, tokenizer):
         if os.path.isdir(target):
             raise IsADirectoryError(f"{target} is a directory; give the file to write, e.g. {target}/model.bin")

@@ -29,17 +29,21 @@ summed by the caller). P is a C-ordered (n, L, S) array. The dropout mask
 is regenerated from (key, element index of P), the same stream
 `dropout_apply` would use on P.
 
-Grouped-query attention: `groups` consecutive query matrices share one
-key/value matrix (query matrix i reads K_j, V_j with j = i // groups;
-groups = 1 is ordinary attention), read in place, never copied. Their
-gradients are sums over the group,
+Grouped-query attention: `groups` = (gk, gv, block). gk consecutive
+query matrices share one key matrix and gv one value matrix (query matrix
+i reads K_{i // gk} and V_{i // gv}; (1, 1, 1) is ordinary attention;
+key and value may have different head counts, gk != gv), read in place,
+never copied. Their gradients are sums over the group,
 
-    dK_j = sum over i in group j of scale * dS_i^T Q_i,   dV_j = sum of (P_i * D_i)^T G_i
+    dK_j = sum over i with i // gk == j of scale * dS_i^T Q_i
+    dV_j = sum over i with i // gv == j of (P_i * D_i)^T G_i
 
-so backward hands each thread whole groups: the first query of a group
-writes dK_j and dV_j (BLAS with beta = 0), the others add to them (beta
-= 1), always in the same order, so the sums are bit-identical whatever
-the number of threads.
+so backward hands each thread whole blocks of `block` = lcm(gk, gv)
+consecutive queries, which hold whole groups of both: the first query of
+a group writes its dK_j or dV_j (BLAS with beta = 0), the others add to
+it (beta = 1), always in the same order, so the sums are bit-identical
+whatever the number of threads. (Hq is a multiple of gk and gv, so of
+block: a block never straddles two batch entries.)
 """
 import numpy as np
 
@@ -59,7 +63,7 @@ from .threads import parallel_for
 @kernel(fastmath=SUM_FASTMATH)
 def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights, out, start, stop):
     """For batch indices [start, stop): weights[i] = P (L, S) and O_i = (P * D) V (L, Ev),
-    with K, V the key/value matrix j = i // groups.
+    with K the key matrix i // gk and V the value matrix i // gv (groups = (gk, gv, block)).
 
     q, k, v, out: (buffer, offsets, row stride) of each stack of matrices;
     mask: (additive masks, the mask of each batch index, whether there is
@@ -72,14 +76,15 @@ def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, group
     out_mem, out_off, out_ld = out
     masks, mask_of, use_mask = mask
     key, threshold, keep_scale = dropout
+    gk, gv, _ = groups
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
     minus_inf = weights.dtype.type(-np.inf)  # not -np.inf: a float64 m would make the exps float64
     dropped = np.empty((L, S), weights.dtype)  # this thread's buffer for P * D
     for i in range(start, stop):
-        p, j = weights[i], i // groups
+        p, jk, jv = weights[i], i // gk, i // gv
         # P = scale Q K^T, written into P's own memory
-        gemm(blas, False, True, L, S, E, scale, q_mem[q_off[i]:], q_ld, k_mem[k_off[j]:], k_ld, zero, p.reshape(-1), S)
+        gemm(blas, False, True, L, S, E, scale, q_mem[q_off[i]:], q_ld, k_mem[k_off[jk]:], k_ld, zero, p.reshape(-1), S)
         m_i = masks[mask_of[i]]
         for r in range(L):  # P = softmax(P + mask) row by row; rows with no key left become 0
             row = p[r]
@@ -112,16 +117,17 @@ def _attention_forward(blas, q, k, v, E, Ev, mask, causal, scale, dropout, group
                     dropped[r, c] = p[r, c] * (keep_scale if keep else zero)
             p_times_d = dropped
         # O = (P * D) V
-        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v_mem[v_off[j]:], v_ld,
+        gemm(blas, False, False, L, Ev, S, one, p_times_d.reshape(-1), S, v_mem[v_off[jv]:], v_ld,
              zero, out_mem[out_off[i]:], out_ld)
 
 
 @kernel(fastmath=SUM_FASTMATH)  # sums of products only: safe to reorder
 def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, groups, dq, dk, dv, dscores,
                         start, stop):
-    """For key/value matrices j in [start, stop): dK_j and dV_j, summed over the
-    query matrices i of group j (i = j * groups, ..., j * groups + groups - 1,
-    in that order), and each one's dQ_i and, if asked, dL/d masked scores.
+    """For blocks b in [start, stop) of `block` query matrices (groups = (gk, gv, block)):
+    each query's dQ_i and, if asked, dL/d masked scores, and the dK_j and dV_j of the
+    block's key and value matrices, summed over their groups (the queries i with
+    i // gk == j, resp. i // gv == j, in increasing order).
 
     q, k, v, grad (= dL/dO), dq, dk, dv: (buffer, offsets, row stride) of
     each stack; dropout as in forward; dscores: ((n, L, S) array, whether
@@ -136,16 +142,18 @@ def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, gro
     dv_mem, dv_off, dv_ld = dv
     key, threshold, keep_scale = dropout
     scores_out, want_dscores = dscores
+    gk, gv, block = groups
     nb, L, S = weights.shape
     zero, one = weights.dtype.type(0), weights.dtype.type(1)
     dp = np.empty((L, S), weights.dtype)  # this thread's own buffers
     dropped = np.empty((L, S), weights.dtype)
-    for j in range(start, stop):
-        for i in range(j * groups, (j + 1) * groups):
-            p = weights[i]
-            added = zero if i == j * groups else one  # dK_j, dV_j: the first query writes, the others add
+    for b in range(start, stop):
+        for i in range(b * block, (b + 1) * block):
+            p, jk, jv = weights[i], i // gk, i // gv
+            added_k = zero if i == jk * gk else one  # dK_j, dV_j: the group's first query writes, the others add
+            added_v = zero if i == jv * gv else one
             # dP = G V^T
-            gemm(blas, False, True, L, S, Ev, one, g_mem[g_off[i]:], g_ld, v_mem[v_off[j]:], v_ld,
+            gemm(blas, False, True, L, S, Ev, one, g_mem[g_off[i]:], g_ld, v_mem[v_off[jv]:], v_ld,
                  zero, dp.reshape(-1), S)
             p_times_d = p
             if keep_scale != 1:  # dP = (G V^T) * D, and P * D for dV
@@ -158,7 +166,7 @@ def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, gro
                 p_times_d = dropped
             # dV = (P * D)^T G  (+ dV of the group's queries before)
             gemm(blas, True, False, S, Ev, L, one, p_times_d.reshape(-1), S, g_mem[g_off[i]:], g_ld,
-                 added, dv_mem[dv_off[j]:], dv_ld)
+                 added_v, dv_mem[dv_off[jv]:], dv_ld)
             for r in range(L):  # dS = P * (dP - rowsum(P * dP)), in place of dP
                 pr, dr = p[r], dp[r]
                 s = zero
@@ -171,11 +179,11 @@ def _attention_backward(blas, q, k, v, E, Ev, weights, grad, scale, dropout, gro
                     for c in range(S):  # an explicit loop: array assignment compiles slowly
                         ds[c] = dr[c]
             # dQ = scale dS K
-            gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k_mem[k_off[j]:], k_ld,
+            gemm(blas, False, False, L, E, S, scale, dp.reshape(-1), S, k_mem[k_off[jk]:], k_ld,
                  zero, dq_mem[dq_off[i]:], dq_ld)
             # dK = scale dS^T Q  (+ dK of the group's queries before)
             gemm(blas, True, False, S, E, L, scale, dp.reshape(-1), S, q_mem[q_off[i]:], q_ld,
-                 added, dk_mem[dk_off[j]:], dk_ld)
+                 added_k, dk_mem[dk_off[jk]:], dk_ld)
 
 
 def _item_size(L, S, E, Ev, directions):
@@ -184,8 +192,8 @@ def _item_size(L, S, E, Ev, directions):
 
 
 def attention_forward(q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights, out):
-    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_j, j = i // groups, for every batch
-    index i (see above); the arguments are those of `_attention_forward`."""
+    """weights[i] = P_i (L, S) and O_i = (P_i * D_i) V_{i // gv}, with K_{i // gk} in P_i,
+    for every batch index i (see above); the arguments are those of `_attention_forward`."""
     n, L, S = weights.shape
     parallel_for(_attention_forward, n, library(), q, k, v, E, Ev, mask, causal, scale, dropout, groups, weights,
                  out, item_size=_item_size(L, S, E, Ev, 1), blas=True)
@@ -193,8 +201,9 @@ def attention_forward(q, k, v, E, Ev, mask, causal, scale, dropout, groups, weig
 
 def attention_backward(q, k, v, E, Ev, weights, grad, scale, dropout, groups, dq, dk, dv, dscores):
     """dQ_i (and dL/d masked scores if asked) for every batch index i, and dK_j, dV_j
-    for every key/value matrix j, summed over its group; the arguments are those of
-    `_attention_backward`. One thread does a whole group, in order: deterministic."""
+    for every key and value matrix j, summed over its group; the arguments are those of
+    `_attention_backward`. One thread does a whole block of groups, in order: deterministic."""
     n, L, S = weights.shape
-    parallel_for(_attention_backward, n // groups, library(), q, k, v, E, Ev, weights, grad, scale, dropout, groups,
-                 dq, dk, dv, dscores, item_size=groups * _item_size(L, S, E, Ev, 2), blas=True)
+    block = groups[2]
+    parallel_for(_attention_backward, n // block, library(), q, k, v, E, Ev, weights, grad, scale, dropout, groups,
+                 dq, dk, dv, dscores, item_size=block * _item_size(L, S, E, Ev, 2), blas=True)

@@ -37,17 +37,19 @@ def check_mask_dtype(mask, op, name="attn_mask"):
 
 
 def gqa_groups(op, q_shape, k_shape, v_shape):
-    """Grouped-query attention: how many query heads (axis -3) share each key/value
-    head, Hq // Hkv, or a ShapeError naming the op and the shapes."""
+    """Grouped-query attention: how many query heads (axis -3) share each key head
+    and each value head, (Hq // Hk, Hq // Hv), or a ShapeError naming the op and the
+    shapes. As in PyTorch, key and value may have different head counts, each
+    dividing the query's."""
     if len(q_shape) < 3 or len(k_shape) < 3 or len(v_shape) < 3:
         raise ShapeError(f"{op}: enable_gqa needs heads on axis -3, got query {q_shape}, key {k_shape} "
                          f"and value {v_shape}")
-    hq, hkv = q_shape[-3], k_shape[-3]
-    if v_shape[-3] != hkv or hq % hkv:
-        raise ShapeError(f"{op}: with enable_gqa the number of query heads {hq} must be a multiple of the "
-                         f"key/value heads, the same in key and value (query {q_shape}, key {k_shape}, "
-                         f"value {v_shape})")
-    return hq // hkv
+    hq, hk, hv = q_shape[-3], k_shape[-3], v_shape[-3]
+    if not hk or not hv or hq % hk or hq % hv:
+        raise ShapeError(f"{op}: with enable_gqa the number of heads (axis -3) of key ({hk}) and of value "
+                         f"({hv}) must each divide the number of query heads {hq} (query {q_shape}, "
+                         f"key {k_shape}, value {v_shape})")
+    return hq // hk, hq // hv
 
 
 class _Plan:
@@ -55,8 +57,9 @@ class _Plan:
 
     def __init__(self, op, q, k, v, mask, value_batch=(), enable_gqa=False):
         """`v` may be None (for the weights alone; `value_batch` then gives its batch shape).
-        With enable_gqa, groups = Hq // Hkv consecutive query heads share a key/value head:
-        K and V are read over `kv_batch`, the batch with Hkv heads."""
+        With enable_gqa, gk = Hq // Hk consecutive query heads share a key head and
+        gv = Hq // Hv a value head: K and V are read over `k_batch` and `v_batch`, the
+        batch with Hk and Hv heads; groups = (gk, gv, lcm(gk, gv)) for the kernels."""
         operands = (q, k) if v is None else (q, k, v)
         if min(a.ndim for a in operands) < 2 or q.shape[-1] != k.shape[-1] \
                 or (v is not None and k.shape[-2] != v.shape[-2]):
@@ -71,17 +74,19 @@ class _Plan:
         if mask is not None:
             check_mask_dtype(mask, op)
             broadcast_shapes(f"{op} (attn_mask)", mask.shape, (self.L, self.S))
-        self.groups = gqa_groups(op, q.shape, k.shape, v.shape) if enable_gqa else 1
-        # a shared key/value head stands for its group's query heads: broadcast as if it had Hq
-        kv_batches = [a.shape[:-3] + q.shape[-3:-2] if self.groups > 1 else a.shape[:-2] for a in operands[1:]]
+        gk, gv = gqa_groups(op, q.shape, k.shape, v.shape) if enable_gqa else (1, 1)
+        self.groups = (gk, gv, math.lcm(gk, gv))
+        # a shared key or value head stands for its group's query heads: broadcast as if it had Hq
+        kv_batches = [a.shape[:-3] + q.shape[-3:-2] if g > 1 else a.shape[:-2] for a, g in zip(operands[1:], (gk, gv))]
         self.batch = broadcast_shapes(f"{op} (batch dimensions)", q.shape[:-2], *kv_batches, mask_batch,
                                       value_batch)
-        self.kv_batch = self.batch[:-1] + k.shape[-3:-2] if self.groups > 1 else self.batch
+        self.k_batch = self.batch[:-1] + k.shape[-3:-2] if gk > 1 else self.batch
+        self.v_batch = self.batch[:-1] + v.shape[-3:-2] if gv > 1 else self.batch
         self.n = math.prod(self.batch)
         self.inputs = [a.astype(self.dtype, copy=False) for a in operands]
         self.q = self.blas(self.inputs[0])
-        self.k = self.blas(self.inputs[1], self.kv_batch)
-        self.v = self.blas(self.inputs[2], self.kv_batch) if v is not None else None
+        self.k = self.blas(self.inputs[1], self.k_batch)
+        self.v = self.blas(self.inputs[2], self.v_batch) if v is not None else None
         if mask is None:
             self.mask, self.im = np.zeros((1, 1, 1), self.dtype), np.zeros(self.n, np.int64)
         else:
@@ -146,7 +151,7 @@ def _attend_backward(ctx, grad, dq, dk, dv, want_dmask):
     if plan.n and plan.L:
         attention_backward(plan.q, plan.k, plan.v, plan.E, plan.Ev, weights,
                            plan.blas(grad.astype(plan.dtype, copy=False)), ctx.scale, ctx.dropout, plan.groups,
-                           plan.blas(dq), plan.blas(dk, plan.kv_batch), plan.blas(dv, plan.kv_batch),
+                           plan.blas(dq), plan.blas(dk, plan.k_batch), plan.blas(dv, plan.v_batch),
                            (dmask, want_dmask))
     else:
         dk[...], dv[...] = 0, 0  # no query: nothing flows back
@@ -165,12 +170,14 @@ class ScaledDotProductAttention(Function):
         dL/dV = (P * D)^T G,   dP = (G V^T) * D,   dS = P * (dP - rowsum(P * dP))
         dL/dQ = scale * dS K,  dL/dK = scale * dS^T Q,  dL/dM = dS (float mask)
 
-    With enable_gqa (grouped-query attention), K and V have Hkv heads on axis
-    -3 and Q has Hq, a multiple: query head h reads key/value head
-    h // (Hq / Hkv), where it lies (no copy), and the gradient of a shared
+    With enable_gqa (grouped-query attention), K has Hk heads on axis -3, V
+    has Hv, and Q has Hq, a multiple of both (Hk and Hv may differ, as in
+    PyTorch): query head h reads key head h // (Hq / Hk) and value head
+    h // (Hq / Hv), where they lie (no copy), and the gradient of a shared
     head is the sum over the query heads of its group:
 
-        dL/dK_j = sum over h in group j of scale * dS_h^T Q_h,   dL/dV_j = sum of (P_h * D_h)^T G_h
+        dL/dK_j = sum over h with h // (Hq / Hk) == j of scale * dS_h^T Q_h
+        dL/dV_j = sum over h with h // (Hq / Hv) == j of (P_h * D_h)^T G_h
 
     Forward keeps P on ctx.weights (need_weights returns it); it has the
     batch shape of the output (q, k, v and the mask broadcast together).
@@ -189,8 +196,8 @@ class ScaledDotProductAttention(Function):
     def backward(ctx, grad):
         plan = ctx.plan
         q, k, v = plan.inputs
-        dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E, plan.kv_batch)
-        dv = plan.output(v, plan.S, plan.Ev, plan.kv_batch)
+        dq, dk = plan.output(q, plan.L, plan.E), plan.output(k, plan.S, plan.E, plan.k_batch)
+        dv = plan.output(v, plan.S, plan.Ev, plan.v_batch)
         has_mask = len(ctx.needs_input_grad) > 3
         dmask = _attend_backward(ctx, grad, dq, dk, dv, has_mask and ctx.needs_input_grad[3])
         return (dq, dk, dv) + ((dmask,) if has_mask else ())

@@ -206,8 +206,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     boolean mask is True where a query MAY attend, a float mask is added to
     the scores. `is_causal` lets query i see keys j <= i. D: dropout of
     the weights with probability dropout_p (key `seed`, or drawn). With
-    enable_gqa, key and value have fewer heads (axis -3) than the query:
-    each is repeated for its group of query heads first.
+    enable_gqa, key and value have fewer heads (axis -3) than the query,
+    each count dividing the query's (they may differ): each is repeated for
+    its group of query heads first.
     """
     if enable_gqa:
         gqa_groups("scaled_dot_product_attention", query.shape, key.shape, value.shape)

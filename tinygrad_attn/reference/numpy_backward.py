@@ -271,7 +271,8 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, keep
     j <= i. D = keep / (1 - dropout_p) drops weights (no dropout when keep
     is None). P is returned before dropout, with the batch shape of O.
     enable_gqa: K and V have fewer heads (axis -3), each shared by a group
-    of query heads (grouped-query attention).
+    of query heads (grouped-query attention); K's and V's head counts may
+    differ, each dividing Q's.
     """
     if enable_gqa:
         k, v = _repeat_heads(k, q.shape[-3]), _repeat_heads(v, q.shape[-3])
@@ -300,20 +301,20 @@ def attention_backward(q, k, v, grad, attn_mask=None, is_causal=False, scale=Non
     tinygrad_attn.ops.attention.ScaledDotProductAttention, and
     AttentionWeights for the gradient that reaches P directly.)
 
-    Grouped-query attention (enable_gqa): key/value head j is used by every
-    query head h of its group (h // (Hq / Hkv) == j), so its gradient is
+    Grouped-query attention (enable_gqa): key head j is used by every query
+    head h of its group (h // (Hq / Hk) == j), value head j by those with
+    h // (Hq / Hv) == j (Hk and Hv may differ), so each one's gradient is
     the sum of theirs:
 
-        dK_j = sum over h in group j of scale * dS_h^T Q_h,   dV_j = sum over h of (P_h * D_h)^T G_h
+        dK_j = sum over h in K's group j of scale * dS_h^T Q_h,   dV_j = sum over V's group j of (P_h * D_h)^T G_h
 
     computed here as attention on the repeated heads, then summed per group.
     """
     if enable_gqa:
-        kv_heads = k.shape[-3]
         k_rep, v_rep = _repeat_heads(k, q.shape[-3]), _repeat_heads(v, q.shape[-3])
         dQ, dK, dV, dM = attention_backward(q, k_rep, v_rep, grad, attn_mask, is_causal, scale, keep, dropout_p,
                                             grad_weights)
-        return dQ, _sum_groups(dK, kv_heads), _sum_groups(dV, kv_heads), dM
+        return dQ, _sum_groups(dK, k.shape[-3]), _sum_groups(dV, v.shape[-3]), dM
     P, scale = _attention_weights(q, k, attn_mask, is_causal, scale)
     P = np.broadcast_to(P, np.broadcast_shapes(P.shape[:-2], v.shape[:-2], grad.shape[:-2]) + P.shape[-2:])
     D = 1.0 if keep is None else keep * _keep_scale(dropout_p)

@@ -20,7 +20,7 @@ from ..checkpoint import save
 from ..models import GPT
 from .config import TrainConfig
 from .checkpoints import checkpoint_file, model_from_checkpoint, read_checkpoint
-from .rundir import CHECKPOINT_NAME
+from .rundir import CHECKPOINT_NAME, RUN_FILES, run_files
 
 TORCH_FORMAT = "tinygrad_attn.torch/1"  # metadata["format"] of an export
 
@@ -84,6 +84,26 @@ def run_name(path):
     return os.path.basename(path)
 
 
+def check_not_run_files(path, *targets):
+    """Raise ValueError if a file an export would write (`targets`) is the
+    checkpoint of the run at `path` (a directory or checkpoint file), under
+    any name (a symbolic or hard link), or one of the files of the run's
+    directory (`rundir.RUN_FILES`, existing or not, and its heatmaps):
+    sample and resume read them, and --overwrite must not destroy them."""
+    checkpoint = checkpoint_file(path)
+    directory = os.path.dirname(os.path.abspath(checkpoint))
+    protected = [checkpoint] + [os.path.join(directory, name) for name in RUN_FILES] + run_files(directory)
+    resolved = {os.path.realpath(p) for p in protected}
+    existing = [p for p in protected if os.path.exists(p)]
+    for target in targets:
+        target = os.fspath(target)
+        exists = os.path.exists(target)
+        if os.path.realpath(target) in resolved or (exists and any(os.path.samefile(target, p) for p in existing)):
+            what = "the checkpoint" if exists and os.path.samefile(target, checkpoint) else "a file"
+            raise ValueError(f"{target} is {what} of the run in {directory}, which sample and resume need; "
+                             "export elsewhere (--overwrite never replaces a run's own files)")
+
+
 # --------------------------------------------------------------------------- PyTorch
 # our GPT's parameter names -> nanoGPT's (examples/torch_models.py's GPT)
 _NANOGPT_NAMES = [
@@ -127,8 +147,10 @@ def export_torch(path, out, overwrite=False):
     (GPT, Llama or Seq2SeqTransformer), "config" (its constructor's arguments, JSON),
     "task", "step", "source" (the run's name, `run_name`: never a local path,
     as the file is made to be shared) and "format". Refuses an existing
-    `out` unless overwrite=True. Returns `out`."""
+    `out` unless overwrite=True, and always a file of the run itself
+    (`check_not_run_files`). Returns `out`."""
     out = os.fspath(out)
+    check_not_run_files(path, out)
     if os.path.isdir(out):
         raise IsADirectoryError(f"{out} is a directory; give the file to write, e.g. {out}/model.safetensors")
     if os.path.exists(out) and not overwrite:
