@@ -569,7 +569,8 @@ LARGE = 1 << 20  # elements in an example's main input: enough that every kernel
 
 
 def _every_kernel(threads_count):
-    """Outputs and gradients of every op's `example` at size LARGE, with `threads_count` threads."""
+    """Outputs and gradients of every op's `example`, and the results of every
+    @kernel_example (optimizer, clipping), at size LARGE, with `threads_count` threads."""
     from tinygrad_attn import warmup
     kernels.set_num_threads(threads_count)
     try:
@@ -578,6 +579,8 @@ def _every_kernel(threads_count):
             out, tensors = warmup.run_example(op, np.float32, LARGE)
             results.append((op.__name__, [out.data.copy()] + [t.grad.data.copy() for t in tensors
                                                               if t.grad is not None]))
+        for example, arrays in zip(kernels.EXAMPLES, warmup.non_op_examples(np.float32, LARGE)):
+            results.append((example.__module__, [np.array(a, copy=True) for a in arrays]))
         return results
     finally:
         kernels.set_num_threads(None)
