@@ -384,7 +384,7 @@ def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
     twin's): the same output, dropout mask and gradients, to rounding (the
     sums over a group add in another order); K and V are read where they lie,
     not copied, and dK, dV come back with Hkv heads."""
-    from tinygrad_attn.reference import repeat_kv_heads
+    from tinygrad_attn.ops.movement import repeat_kv_heads
     q, k, v = randn(2, 6, 7, 4, dtype=dtype), randn(2, 2, 9, 4, dtype=dtype), randn(2, 2, 9, 5, dtype=dtype)
     g = randn(2, 6, 7, 5, dtype=dtype)
     results = []

@@ -165,6 +165,16 @@ def test_the_cycle_check_sees_circles_even_through_call_time_imports(tmp_path, m
     assert expected in import_cycles()
 
 
+def test_nothing_but_the_package_imports_the_readable_twins():
+    """reference/ holds the readable twins; the code that runs does not use
+    them: no module outside it imports it, but the package's __init__.py,
+    which imports it so that the twins are registered on their ops."""
+    found = [f"{relative}:{line} imports {module}" for relative in sorted(package_modules())
+             if not relative.startswith("reference" + os.sep) and relative != "__init__.py"
+             for line, module in imported_modules(relative) if module.startswith("tinygrad_attn.reference")]
+    assert found == []
+
+
 def test_the_numpy_backward_reads_alone():
     """reference/numpy_backward.py is plain numpy on arrays: it imports nothing of
     the framework (not even the kernels), so a reader needs no other file."""

@@ -22,11 +22,11 @@ from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProd
 from .ops.dropout import DropoutOp
 from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
+from .ops.movement import repeat_kv_heads
 from .ops.layer_norm import LayerNormOp
 from .ops.rms_norm import RMSNormOp
 from .ops.rotary import RotaryOp
 from .ops.softmax import LogSoftmax, Softmax
-from .reference.composites import repeat_kv_heads
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
 
