@@ -175,6 +175,28 @@ def test_nothing_but_the_package_imports_the_readable_twins():
     assert found == []
 
 
+def applied_ops(relative_path):
+    """Names of the ops a module applies: X of each `X.apply(...)` / `M.X.apply_with_ctx(...)`."""
+    path = os.path.join(PACKAGE, relative_path)
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("apply", "apply_with_ctx"):
+            owner = node.func.value
+            if isinstance(owner, (ast.Name, ast.Attribute)):
+                names.add(owner.id if isinstance(owner, ast.Name) else owner.attr)
+    return names & set(tg.Function.registry)
+
+
+def test_an_op_with_a_tensor_method_is_applied_there_alone():
+    """One dispatch per op: an op that a Tensor method applies is not applied
+    again in functional.py, whose function calls the method (F.gelu, F.silu,
+    F.softmax); functional applies only the ops that Tensor has no method for."""
+    in_tensor, in_functional = applied_ops("tensor.py"), applied_ops("functional.py")
+    assert {"Gelu", "Softmax", "MatMul"} <= in_tensor and {"LinearOp", "LayerNormOp"} <= in_functional
+    assert sorted(in_tensor & in_functional) == []
+
+
 def test_the_numpy_backward_reads_alone():
     """reference/numpy_backward.py is plain numpy on arrays: it imports nothing of
     the framework (not even the kernels), so a reader needs no other file."""
