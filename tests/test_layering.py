@@ -24,7 +24,8 @@ LAYERS = [  # (name, paths relative to the package; a path ending in / is a fold
     ("functional", ["functional.py", "gradcheck.py"]),
     ("nn", ["nn/"]),
     ("optim", ["optim/"]),
-    ("tools", [""]),  # everything else: checkpoint, viz, data, models, train, cli, warmup, __init__
+    ("tools", [""]),  # everything else: checkpoint, viz, data, models, generation, train, cli, llama2c, warmup,
+    # memory, __init__, __main__
 ]
 
 
