@@ -360,9 +360,12 @@ def _forward_arguments(op, n_arrays, params):
 
 def _repeat_kv(ts):
     """Grouped-query attention through a copy: the key and value heads repeated for the
-    query heads sharing them, by reference.repeat_kv_heads (what F.scaled_dot_product_attention
+    query heads sharing them, by ops.movement.repeat_kv_heads (what F.scaled_dot_product_attention
     did before the kernel read shared heads in place; its backward sums each group)."""
-    from tinygrad_attn.reference import repeat_kv_heads  # here: a --before checkout may have none
+    try:  # imported here: a --before checkout may have it in reference, or none
+        from tinygrad_attn.ops.movement import repeat_kv_heads
+    except ImportError:
+        from tinygrad_attn.reference import repeat_kv_heads
     q, k, v, *rest = ts
     return [q, repeat_kv_heads(q, k), repeat_kv_heads(q, v), *rest]
 

@@ -392,7 +392,7 @@ def test_grouped_query_attention_reads_the_shared_heads_in_place(dtype):
     twin's): the same output, dropout mask and gradients, to rounding (the
     sums over a group add in another order); K and V are read where they lie,
     not copied, and dK, dV come back with Hkv heads."""
-    from tinygrad_attn.reference import repeat_kv_heads
+    from tinygrad_attn.ops.movement import repeat_kv_heads
     q, k, v = randn(2, 6, 7, 4, dtype=dtype), randn(2, 2, 9, 4, dtype=dtype), randn(2, 3, 9, 5, dtype=dtype)
     g = randn(2, 6, 7, 5, dtype=dtype)
     results = []
@@ -610,7 +610,8 @@ LARGE = 1 << 20  # elements in an example's main input: enough that every kernel
 
 
 def _every_kernel(threads_count):
-    """Outputs and gradients of every op's `example` at size LARGE, with `threads_count` threads."""
+    """Outputs and gradients of every op's `example`, and the results of every
+    @kernel_example (optimizer, clipping), at size LARGE, with `threads_count` threads."""
     from tinygrad_attn import warmup
     kernels.set_num_threads(threads_count)
     try:
@@ -619,6 +620,8 @@ def _every_kernel(threads_count):
             out, tensors = warmup.run_example(op, np.float32, LARGE)
             results.append((op.__name__, [out.data.copy()] + [t.grad.data.copy() for t in tensors
                                                               if t.grad is not None]))
+        for example, arrays in zip(kernels.EXAMPLES, warmup.non_op_examples(np.float32, LARGE)):
+            results.append((example.__module__, [np.array(a, copy=True) for a in arrays]))
         return results
     finally:
         kernels.set_num_threads(None)

@@ -24,7 +24,8 @@ LAYERS = [  # (name, paths relative to the package; a path ending in / is a fold
     ("functional", ["functional.py", "gradcheck.py"]),
     ("nn", ["nn/"]),
     ("optim", ["optim/"]),
-    ("tools", [""]),  # everything else: checkpoint, viz, data, models, train, cli, warmup, __init__
+    ("tools", [""]),  # everything else: checkpoint, viz, data, models, generation, train, cli, llama2c, warmup,
+    # memory, __init__, __main__
 ]
 
 
@@ -163,6 +164,38 @@ def test_the_cycle_check_sees_circles_even_through_call_time_imports(tmp_path, m
             f.write(text)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", str(copy))
     assert expected in import_cycles()
+
+
+def test_nothing_but_the_package_imports_the_readable_twins():
+    """reference/ holds the readable twins; the code that runs does not use
+    them: no module outside it imports it, but the package's __init__.py,
+    which imports it so that the twins are registered on their ops."""
+    found = [f"{relative}:{line} imports {module}" for relative in sorted(package_modules())
+             if not relative.startswith("reference" + os.sep) and relative != "__init__.py"
+             for line, module in imported_modules(relative) if module.startswith("tinygrad_attn.reference")]
+    assert found == []
+
+
+def applied_ops(relative_path):
+    """Names of the ops a module applies: X of each `X.apply(...)` / `M.X.apply_with_ctx(...)`."""
+    path = os.path.join(PACKAGE, relative_path)
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("apply", "apply_with_ctx"):
+            owner = node.func.value
+            if isinstance(owner, (ast.Name, ast.Attribute)):
+                names.add(owner.id if isinstance(owner, ast.Name) else owner.attr)
+    return names & set(tg.Function.registry)
+
+
+def test_an_op_with_a_tensor_method_is_applied_there_alone():
+    """One dispatch per op: an op that a Tensor method applies is not applied
+    again in functional.py, whose function calls the method (F.gelu, F.silu,
+    F.softmax); functional applies only the ops that Tensor has no method for."""
+    in_tensor, in_functional = applied_ops("tensor.py"), applied_ops("functional.py")
+    assert {"Gelu", "Softmax", "MatMul"} <= in_tensor and {"LinearOp", "LayerNormOp"} <= in_functional
+    assert sorted(in_tensor & in_functional) == []
 
 
 def test_the_numpy_backward_reads_alone():

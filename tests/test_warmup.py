@@ -155,7 +155,7 @@ def test_the_ops_examples_cover_every_kernel_and_transformer_steps():
     other signature."""
     compiled = set(warmup.kernel_signatures((np.float32,)))
     missing = [k.__name__ for k in kernels.KERNELS if k not in {k for k, _ in compiled}]
-    assert not missing, f"kernels that no op's example (nor warmup.optimizer_step) calls: {missing}"
+    assert not missing, f"kernels that no op's example (nor a @kernel_example) calls: {missing}"
     # one float32 version of each: every compiled version costs a cold start 0.3-2 s
     # (a read-only offsets array, say, is another Numba type)
     assert len(compiled) == len(kernels.KERNELS)
@@ -163,6 +163,26 @@ def test_the_ops_examples_cover_every_kernel_and_transformer_steps():
         assert set(_dry_run(step)) <= compiled
     both = warmup.kernel_signatures((np.float32, np.float64))
     assert len(both) == 2 * len(compiled)
+
+
+def test_the_kernels_no_op_calls_are_learnt_from_their_kernel_examples():
+    """Code outside the ops that runs kernels (an optimizer's update,
+    clipping) registers an example beside it with @kernel_example; the
+    warm-up runs each registered one, in every dtype, so warmup.py lists
+    none (a planted example is run too)."""
+    seen = []
+
+    @kernels.kernel_example
+    def planted(dtype, size):
+        seen.append((dtype, size))
+        return []
+    try:
+        warmup.kernel_signatures((np.float32, np.float64))
+    finally:
+        kernels.EXAMPLES.remove(planted)
+    assert seen == [(np.float32, warmup.EXAMPLE_SIZE), (np.float64, warmup.EXAMPLE_SIZE)]
+    assert {example.__module__ for example in kernels.EXAMPLES} == {"tinygrad_attn.optim.adam",
+                                                                    "tinygrad_attn.optim.clip"}
 
 
 @pytest.mark.parametrize("name,i", CASE_IDS, ids=[f"{n}-{i}" for n, i in CASE_IDS])

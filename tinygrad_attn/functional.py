@@ -1,6 +1,9 @@
 """Functions on tensors with PyTorch's names and signatures (torch.nn.functional).
 
-Layers in `tinygrad_attn.nn` call these; these call ops. The heavy ones
+Layers in `tinygrad_attn.nn` call these; these call ops. Each op is applied
+in one place: an op with a Tensor method (gelu, silu, softmax, log_softmax,
+...) is applied there, and the function here calls the method; the others
+(linear, layer_norm, attention, ...) are applied here. The heavy ones
 (linear, softmax, log_softmax, layer_norm, rms_norm, apply_rotary_emb,
 cross_entropy, attention, dropout, gelu, silu, swiglu) call fused ops backed by Numba
 kernels. Each fused op has a composite twin, written step by step with
@@ -23,11 +26,10 @@ from .ops.dropout import DropoutOp
 from .ops.elementwise import Swiglu
 from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
+from .ops.movement import repeat_kv_heads
 from .ops.layer_norm import LayerNormOp
 from .ops.rms_norm import RMSNormOp
 from .ops.rotary import RotaryOp
-from .ops.softmax import LogSoftmax, Softmax
-from .reference.composites import repeat_kv_heads
 from .shapes import ShapeError
 from .tensor import Tensor, _promote, where
 
@@ -128,15 +130,14 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     return where(Tensor(is_pad[..., None]), out.detach(), out)
 
 
-def _softmax_dim(name, ndim, dim, dtype, input):
+def _softmax_dim(name, ndim, dim):
     """PyTorch's handling of softmax's dim=None (deprecated there: it warns
-    and picks axis 0 for 0-, 1- and 3-D input, else axis 1) and of dtype=
-    (the input is cast first)."""
+    and picks axis 0 for 0-, 1- and 3-D input, else axis 1)."""
     if dim is None:
         warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call "
                       "to include dim=X as an argument.", UserWarning, stacklevel=3)
         dim = 0 if ndim in (0, 1, 3) else 1
-    return dim, input if dtype is None else input.to(dtype)
+    return dim
 
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -145,16 +146,14 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     A -inf entry gets 0; a row of only -inf has no softmax and gives NaN, as in
     PyTorch. Pass `dim`: without it PyTorch's deprecated implicit choice
     applies (with its warning). `dtype` casts the input first."""
-    dim, input = _softmax_dim("softmax", input.ndim, dim, dtype, input)
-    return Softmax.apply(input, axis=dim)
+    return input.softmax(_softmax_dim("softmax", input.ndim, dim), dtype=dtype)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     """x_i - log sum_j exp(x_j) along `dim` (one fused kernel); -inf stays -inf,
     and a row of only -inf gives NaN, as in PyTorch. `dim` and `dtype` as in
     `softmax`."""
-    dim, input = _softmax_dim("log_softmax", input.ndim, dim, dtype, input)
-    return LogSoftmax.apply(input, axis=dim)
+    return input.log_softmax(_softmax_dim("log_softmax", input.ndim, dim), dtype=dtype)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):

@@ -44,7 +44,7 @@ import numba
 import numpy as np
 
 from .autograd import Function
-from .kernels import KERNELS, threads
+from .kernels import EXAMPLES, KERNELS, threads
 
 
 EXAMPLE_SIZE = 64  # elements in the main input of each op's example: tiny, a dry run computes nothing anyway
@@ -70,21 +70,18 @@ def run_example(op, dtype=np.float32, size=EXAMPLE_SIZE):
 
 def kernel_examples(dtype=np.float32):
     """Every kernel in `dtype`, with the argument types a training step of any
-    size gives them: each op's example forward and backward, and an optimizer step."""
+    size gives them: each op's example forward and backward, and the examples
+    of the code outside the ops that runs kernels (`non_op_examples`)."""
     for op in ops_with_kernels():
         run_example(op, dtype)
-    optimizer_step(dtype)
+    non_op_examples(dtype)
 
 
-def optimizer_step(dtype=np.float32):
-    """Gradient clipping and a fused AdamW step on a throwaway parameter: the
-    kernels no op runs (optim/clip.py's and optim/adam.py's)."""
-    import tinygrad_attn as tg
-    from tinygrad_attn import optim
-    p = tg.Tensor(np.zeros(3, dtype), requires_grad=True)
-    p.grad = tg.Tensor(np.ones(3, dtype))
-    optim.clip_grad_norm_([p], 1.0)
-    optim.AdamW([p]).step()
+def non_op_examples(dtype=np.float32, size=EXAMPLE_SIZE):
+    """Run every `@kernel_example` (kernels/registry.py's EXAMPLES: the
+    optimizers' update, clipping's norm), each on throwaway tensors of its
+    own; a list of the arrays each computed."""
+    return [example(dtype, size) for example in EXAMPLES]
 
 
 def signatures_of(step):

@@ -12,7 +12,8 @@ cached on disk). Deterministic: the same inputs give bit-identical
 outputs whatever the number of threads.
 
 The runtime:
-    registry       `@kernel` and KERNELS, the list of every compiled loop
+    registry       `@kernel` and KERNELS, the list of every compiled loop; `@kernel_example`
+                   and EXAMPLES, the calls of kernels that no op makes
     threads        parallel_for, get_num_threads, set_num_threads: the threading policy
     blas           gemm on strided matrices: the BLAS numpy uses, or loops
     fastmath       fast-math flags and a vectorizable exp
@@ -33,7 +34,8 @@ from . import numba_cache
 numba_cache.configure_cache(os.path.dirname(os.path.abspath(__file__)))  # before any kernel is defined
 
 from .blas import library_name as blas_name  # noqa: E402
-from .registry import KERNELS, kernel  # noqa: E402
+from .registry import EXAMPLES, KERNELS, kernel, kernel_example  # noqa: E402
 from .threads import get_num_threads, parallel_for, set_num_threads  # noqa: E402
 
-__all__ = ["KERNELS", "blas_name", "get_num_threads", "kernel", "parallel_for", "set_num_threads"]
+__all__ = ["EXAMPLES", "KERNELS", "blas_name", "get_num_threads", "kernel", "kernel_example", "parallel_for",
+           "set_num_threads"]

@@ -238,3 +238,20 @@ class Stack(Function):
     @staticmethod
     def backward(ctx, grad):
         return tuple(np.moveaxis(grad, ctx.axis, 0))
+
+
+def repeat_kv_heads(query, kv):
+    """Grouped-query attention: kv (..., Hkv, S, E) with each head repeated for
+    the Hq / Hkv consecutive query heads that share it (query head h reads kv
+    head h // (Hq / Hkv), as torch's repeat_interleave on axis -3). The
+    backward of the repeat sums the group's gradients into the shared head.
+
+    On tensors, unlike the ops above: it applies Reshape, Expand and Reshape,
+    so the graph holds those three. F.scaled_dot_product_attention's weights
+    with enable_gqa use it, and so does attention's composite twin."""
+    hq, hkv = query.shape[-3], kv.shape[-3]
+    if hq == hkv:
+        return kv
+    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
+    one_each = Reshape.apply(kv, shape=lead + (hkv, 1, S, E))
+    return Reshape.apply(Expand.apply(one_each, shape=lead + (hkv, hq // hkv, S, E)), shape=lead + (hq, S, E))

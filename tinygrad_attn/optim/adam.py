@@ -5,6 +5,9 @@ import numbers
 import numpy as np
 
 from ..kernels.adam import adam_update
+from ..kernels.registry import kernel_example
+from ..ops.array_views import random_array
+from ..tensor import Tensor
 from .optimizer import Optimizer, _implementation_options
 
 
@@ -125,3 +128,13 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
                          capturable=capturable, differentiable=differentiable, fused=fused,
                          decoupled_weight_decay=True)
+
+
+@kernel_example
+def _example(dtype, size):
+    """The fused update's kernel (kernels/adam.py): one AdamW step on a made-up
+    parameter and gradient of `size` elements; returns the new parameter."""
+    p = Tensor(random_array(dtype, size))
+    p.grad = Tensor(random_array(dtype, size, seed=1))
+    AdamW([p]).step()
+    return [p.data]

@@ -9,7 +9,8 @@ import numbers
 import numpy as np
 
 from ..kernels.clip import sum_of_squares
-
+from ..kernels.registry import kernel_example
+from ..ops.array_views import random_array
 from ..tensor import Tensor
 
 
@@ -63,6 +64,15 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         for g in grads:
             g *= coef
     return Tensor(np.asarray(total, dtype=grads[0].dtype))
+
+
+@kernel_example
+def _example(dtype, size):
+    """The norm's kernel (kernels/clip.py): clip_grad_norm_ on a made-up
+    gradient of `size` elements; returns the norm and the clipped gradient."""
+    p = Tensor(np.zeros(size, dtype))
+    p.grad = Tensor(random_array(dtype, size))
+    return [clip_grad_norm_([p], 1.0).data, p.grad.data]
 
 
 def clip_grad_value_(parameters, clip_value, foreach=None):

@@ -14,5 +14,5 @@ numpy_flash     attention the FlashAttention way in plain numpy: an online
 named after its op and taking what the op's `apply` takes.
 """
 from .composites import (apply_rotary_emb, attention_weights, cross_entropy, dropout, gelu,  # noqa: F401
-                         layer_norm, linear, log_softmax, packed_self_attention, repeat_kv_heads, rms_norm,
+                         layer_norm, linear, log_softmax, packed_self_attention, rms_norm,
                          scaled_dot_product_attention, silu, softmax, swiglu)

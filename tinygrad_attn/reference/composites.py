@@ -28,6 +28,7 @@ from ..ops.dropout import DropoutOp, draw_key, keep_rule
 from ..ops.elementwise import Gelu, Silu, Swiglu
 from ..ops.layer_norm import LayerNormOp
 from ..ops.matmul import LinearOp
+from ..ops.movement import repeat_kv_heads
 from ..ops.rms_norm import RMSNormOp
 from ..ops.rotary import RotaryOp
 from ..ops.softmax import LogSoftmax, Softmax
@@ -182,18 +183,6 @@ def _check_fit(query, key, value):
         raise ShapeError(f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and "
                          f"value {value.shape} do not fit (need query[-1] == key[-1] and "
                          f"key[-2] == value[-2])")
-
-
-def repeat_kv_heads(query, kv):
-    """Grouped-query attention: kv (..., Hkv, S, E) with each head repeated for
-    the Hq / Hkv consecutive query heads that share it (query head h reads kv
-    head h // (Hq / Hkv), as torch's repeat_interleave on axis -3). The
-    backward of the repeat sums the group's gradients into the shared head."""
-    hq, hkv = query.shape[-3], kv.shape[-3]
-    if hq == hkv:
-        return kv
-    lead, (S, E) = kv.shape[:-3], kv.shape[-2:]
-    return kv.unsqueeze(-3).expand(lead + (hkv, hq // hkv, S, E)).reshape(lead + (hq, S, E))
 
 
 @composite_of(ScaledDotProductAttention)

@@ -201,13 +201,13 @@ class Trainer:
         run calls (for `tinygrad_attn.warmup.compile_kernels`): a dry run of
         the forward and backward that leaves no trace (no kernel runs, the
         generator's state is put back, the gradients are dropped)."""
-        from ..warmup import optimizer_step, signatures_of
+        from ..warmup import non_op_examples, signatures_of
         state = get_generator().bit_generator.state
         was_training = self.model.training
 
         def step():
             self.job.loss(self.job.train_batch(self.config.batch_size)).backward()
-            optimizer_step(np.float32)  # on a parameter of its own: the run's optimizer is untouched
+            non_op_examples(np.float32)  # optimizer and clipping, on tensors of their own: the run's are untouched
         try:
             self.model.train()
             return signatures_of(step)
