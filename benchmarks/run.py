@@ -63,7 +63,7 @@ def parse_args(argv=None):
                    help="elements of the kernel rows built from the ops' examples (default %(default)s)")
     p.add_argument("--before", metavar="DIR",
                    help="also time another checkout of tinygrad_attn (e.g. a worktree of an earlier commit) in "
-                        "the steps, encoder and busy tables, interleaved with this one")
+                        "the steps, encoder, busy and llama tables, interleaved with this one")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.repeat, args.warmup = 1, 2, 0
@@ -339,7 +339,7 @@ def llama_table(run):
                  (f"{label} {shape} fwd+bwd", C.kernel_case(key, "fwdbwd"))]
     comparison_table(run, f"Llama (dim {c['dim']}, {c['n_layers']} layers, {c['n_heads']} heads, {c['n_kv_heads']} "
                           f"key/value heads, {c['batch']}x{c['max_seq_len']}): a training step and its new kernels, "
-                          "float32", rows, "case")
+                          "float32", rows, "case", before=True)
 
 
 RUNNERS = {"kernels": kernels_table, "alternating": alternating_table, "encoder": encoder_table,

@@ -1149,7 +1149,8 @@ def test_rotary_scores_depend_on_relative_position_only():
 
 def test_swiglu_gradients():
     """y = (silu(x W1^T) * x W3^T) W2^T: the document's seven gradients, against
-    finite differences and the framework's FeedForward."""
+    finite differences, their stacked form ([W1; W3] as one product), and the
+    framework's FeedForward (which computes the stacked form)."""
     from tinygrad_attn.models import FeedForward
     n, d, hidden = 4, 5, 6
     x, W1, W2, W3 = rng.normal(size=(n, d)), rng.normal(size=(hidden, d)), rng.normal(size=(d, hidden)), \
@@ -1169,6 +1170,10 @@ def test_swiglu_gradients():
     L = lambda: np.sum(G * forward())
     for name, array in (("x", x), ("W1", W1), ("W2", W2), ("W3", W3)):
         close(grads[name], numerical_grad(L, array))
+    # stacked: [a | b] = x [W1; W3]^T, G_x = [Ga | Gb] [W1; W3], G_[W1;W3] = [Ga | Gb]^T x
+    Gab, W13 = np.concatenate([Ga, Gb], axis=1), np.concatenate([W1, W3])
+    close(Gab @ W13, grads["x"])
+    close(Gab.T @ x, np.concatenate([grads["W1"], grads["W3"]]))
     ff = FeedForward(d, hidden, 1, 0.0).double()
     for layer, W in ((ff.w1, W1), (ff.w2, W2), (ff.w3, W3)):
         layer.weight.data[:] = W

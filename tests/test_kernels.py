@@ -827,6 +827,34 @@ def test_silu_kernel_matches_torch_in_float32_and_float64():
         F.silu(tg.Tensor(np.arange(3)))
 
 
+def test_swiglu_kernel_matches_torch_silu_times_the_other_half():
+    """swiglu(h) = silu(a) * b for h = [a | b] against torch's silu(a) * b,
+    forward and both halves' gradients, float32 and float64, over both tails
+    and at -0.0, NaN and +-inf; a row of odd length is refused naming the op."""
+    import torch
+    a = np.concatenate([[-0.0, 0.0, np.nan, -np.inf, np.inf, 1e-30, -90.0, 90.0, 700.0],
+                        np.linspace(-30, 30, 3001), randn(4000, scale=4)])
+    h = np.concatenate([a[:7010], randn(7010)]).reshape(1, -1).repeat(3, axis=0)
+    g = randn(3, 7010)
+    for dtype, rtol in ((np.float32, 3e-6), (np.float64, 1e-13)):
+        t = tg.Tensor(h.astype(dtype), requires_grad=True)
+        out = F.swiglu(t)
+        out.backward(g.astype(dtype))
+        tt = torch.tensor(h.astype(dtype), requires_grad=True)
+        ta, tb = tt.chunk(2, dim=-1)
+        expected = torch.nn.functional.silu(ta) * tb
+        expected.backward(torch.tensor(g.astype(dtype)))
+        assert out.dtype == dtype and t.grad.dtype == dtype and out.shape == (3, 7010)
+        tiny = np.finfo(dtype).tiny
+        np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=rtol, atol=tiny)
+        np.testing.assert_allclose(t.grad.data, tt.grad.numpy(), rtol=rtol,
+                                   atol=4 * np.finfo(dtype).eps * np.abs(g).max() * np.abs(h[:, 7010:]).max())
+    with pytest.raises(tg.ShapeError, match=r"swiglu: .* even; got shape \(2, 5\)"):
+        F.swiglu(tg.Tensor(np.ones((2, 5))))
+    with pytest.raises(TypeError, match="swiglu: expected float32 or float64"):
+        F.swiglu(tg.Tensor(np.arange(4)))
+
+
 def test_erfc_kernel_matches_scipy_in_float32_and_float64():
     """libm's erfc: float32 rounded once from float64, bit-equal to scipy's
     float32 erfc; float64 within a few ulps of scipy's (cephes), tails and

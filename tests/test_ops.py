@@ -47,6 +47,16 @@ def unary(fn, ref, backward=None, **array_kwargs):
     return case()
 
 
+@st.composite
+def swiglu_case(draw):
+    """F.swiglu on a last axis of even size (its two halves), any leading shape."""
+    shape = draw(shapes(min_dims=1))
+    shape = shape[:-1] + (2 * shape[-1],)
+    ref = lambda h: (lambda a, b: a / (1 + np.exp(-a)) * b)(*np.split(h, 2, axis=-1))  # noqa: E731
+    return Case(lambda t: F.swiglu(t), ref, (draw(arrays(shape, low=-4.0, high=4.0)),),
+                backward=lambda h, g: [nb.swiglu_backward(h, g)])
+
+
 def binary(fn, ref, a_kwargs=None, b_kwargs=None):
     @st.composite
     def case(draw):
@@ -453,6 +463,7 @@ CASES = {
                    backward=lambda a, g: [nb.gelu_backward(a, g, "tanh")], low=-4.0, high=4.0)],
     "Silu": [unary(lambda t: F.silu(t), lambda a: a / (1 + np.exp(-a)),
                    backward=lambda a, g: [nb.silu_backward(a, g)], low=-4.0, high=4.0)],
+    "Swiglu": [swiglu_case()],
     "Abs": [unary(lambda t: t.abs(), np.abs, away_from=[0])],
     "Clip": [clip_case()],
     "Maximum": [maximum_case(lambda a, b: a.maximum(b), np.maximum)],

@@ -5,7 +5,7 @@ in one place: an op with a Tensor method (gelu, silu, softmax, log_softmax,
 ...) is applied there, and the function here calls the method; the others
 (linear, layer_norm, attention, ...) are applied here. The heavy ones
 (linear, softmax, log_softmax, layer_norm, rms_norm, apply_rotary_emb,
-cross_entropy, attention, dropout, gelu, silu) call fused ops backed by Numba
+cross_entropy, attention, dropout, gelu, silu, swiglu) call fused ops backed by Numba
 kernels. Each fused op has a composite twin, written step by step with
 primitive ops, in
 `tinygrad_attn.reference`: read those to see the math, and the tests check
@@ -23,6 +23,7 @@ from .autograd import is_grad_enabled, no_grad
 from .ops.attention import (AttentionWeights, PackedSelfAttention, ScaledDotProductAttention,
                             check_mask_dtype)
 from .ops.dropout import DropoutOp
+from .ops.elementwise import Swiglu
 from .ops.cross_entropy import CrossEntropy
 from .ops.matmul import LinearOp
 from .ops.movement import repeat_kv_heads
@@ -50,6 +51,14 @@ def silu(input, inplace=False):
     inplace=True is not implemented."""
     _no_inplace("silu", inplace)
     return input.silu()
+
+
+def swiglu(input):
+    """silu(a) * b for the two halves [a | b] of input's last axis (SwiGLU's
+    gate, one fused kernel): Llama's feed-forward w2(silu(w1 x) * w3 x) is
+    w2(swiglu(x [W1; W3]^T)), one product for w1 and w3 (models.FeedForward).
+    Not a PyTorch function; F.glu's layout, with silu on the first half."""
+    return Swiglu.apply(input)
 
 
 def sigmoid(input):

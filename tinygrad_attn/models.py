@@ -30,6 +30,7 @@ from .autograd import no_grad
 from .data.vocab import BOS, EOS, PAD
 from .random import get_generator
 from .shapes import ShapeError
+from .tensor import cat
 from .tensor import Tensor
 
 
@@ -508,7 +509,13 @@ class LlamaAttention(nn.Module):
 
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x), no biases (llama2.c's FeedForward);
-    the hidden width follows `llama_hidden_dim`."""
+    the hidden width follows `llama_hidden_dim`.
+
+    Computed as w2(swiglu(x [W1; W3]^T)): w1 x and w3 x side by side from one
+    product, then silu of the first half times the second in one kernel
+    (`F.swiglu`). The same numbers as llama2.c's three calls; the modules
+    w1 and w3 hold the weights (and the state dict's names), but their
+    forward is not called."""
 
     def __init__(self, dim, hidden_dim, multiple_of, dropout):
         super().__init__()
@@ -519,7 +526,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+        h = F.linear(x, cat([self.w1.weight, self.w3.weight]))  # (B, T, 2 * hidden): [w1 x | w3 x]
+        return self.dropout(self.w2(F.swiglu(h)))                # w2(silu(w1 x) * w3 x)
 
 
 class TransformerBlock(nn.Module):

@@ -138,9 +138,16 @@ def _by_kernel(calls):
     return list(grouped.items())
 
 
-def _code_size(kernel):
+def _code_size(kernel, seen=None):
+    """The bytecode length of a kernel and of the Numba functions it calls
+    (compiled into it: `_matmul`'s body is `_product_items`)."""
     py_func = getattr(kernel, "py_func", None)
-    return len(py_func.__code__.co_code) if py_func is not None else 0
+    seen = set() if seen is None else seen
+    if py_func is None or id(py_func) in seen:
+        return 0
+    seen.add(id(py_func))
+    callees = (py_func.__globals__.get(name) for name in py_func.__code__.co_names)
+    return len(py_func.__code__.co_code) + sum(_code_size(f, seen) for f in callees if hasattr(f, "py_func"))
 
 
 def _work_order(calls):

@@ -1,7 +1,9 @@
-"""GELU, SiLU and ReLU, forward and backward, one vectorized pass each.
+"""GELU, SiLU, SwiGLU and ReLU, forward and backward, one vectorized pass each.
 
     relu:   y = max(x, 0),   dy/dx = 1 where y > 0, else 0
     silu:   y = x s,  s = sigmoid(x) = 1 / (1 + e^-x),   dy/dx = s + x s (1 - s)
+    swiglu: y = silu(a) b for h = [a | b] (the two halves of each row),
+            dy/da = b (s + a s (1 - s)),   dy/db = silu(a)
 
     exact:  y = x Phi(x),   Phi(x) = (1 + erf(x / sqrt 2)) / 2  (the normal CDF)
             dy/dx = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
@@ -150,6 +152,47 @@ def silu_forward(x, out):
 def silu_backward(x, grad, dx):
     """dx = grad * silu'(x) for 1-D arrays."""
     parallel_for(_silu_backward, x.shape[0], x, grad, dx)
+
+
+@kernel(fastmath=KERNEL_FASTMATH, error_model="numpy")
+def _swiglu_forward(h, out, start, stop):
+    """out[r, j] = silu(h[r, j]) * h[r, n + j] for rows [start, stop); h (rows, 2n), out (rows, n)."""
+    zero, one = h.dtype.type(0), h.dtype.type(1)
+    n = out.shape[1]
+    for r in range(start, stop):
+        a, b, y = h[r, :n], h[r, n:], out[r]
+        for j in range(n):
+            v = a[j]
+            e = exp(-abs(v))
+            inv = one / (one + e)
+            y[j] = v * (inv if v >= zero else e * inv) * b[j]
+
+
+@kernel(fastmath=KERNEL_FASTMATH, error_model="numpy")
+def _swiglu_backward(h, grad, dh, start, stop):
+    """For rows [start, stop): dh[:, :n] = grad * b * silu'(a), dh[:, n:] = grad * silu(a),
+    with a, b the halves of h (rows, 2n); grad (rows, n)."""
+    zero, one = h.dtype.type(0), h.dtype.type(1)
+    n = grad.shape[1]
+    for r in range(start, stop):
+        a, b, g, da, db = h[r, :n], h[r, n:], grad[r], dh[r, :n], dh[r, n:]
+        for j in range(n):
+            v = a[j]
+            e = exp(-abs(v))
+            inv = one / (one + e)
+            s = inv if v >= zero else e * inv
+            da[j] = g[j] * b[j] * (s + v * (e * inv * inv))  # s (1 - s) = e / (1 + e)^2
+            db[j] = g[j] * v * s
+
+
+def swiglu_forward(h, out):
+    """out = silu(a) * b for the halves [a | b] of each row of h (rows, 2n); out (rows, n)."""
+    parallel_for(_swiglu_forward, h.shape[0], h, out, item_size=h.shape[1])
+
+
+def swiglu_backward(h, grad, dh):
+    """dh (rows, 2n) = the gradients of both halves of h for grad = dL/d(swiglu(h)) (rows, n)."""
+    parallel_for(_swiglu_backward, h.shape[0], h, grad, dh, item_size=h.shape[1])
 
 
 @kernel

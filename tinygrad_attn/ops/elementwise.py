@@ -9,9 +9,9 @@ import math
 import numpy as np
 
 from ..autograd import Function
-from ..shapes import broadcast_shapes
+from ..shapes import ShapeError, broadcast_shapes
 from ..kernels.elementwise import (erfc, gelu_backward, gelu_forward, relu_backward, relu_forward,
-                                   silu_backward, silu_forward)
+                                   silu_backward, silu_forward, swiglu_backward, swiglu_forward)
 from .array_views import float_dtype, random_array
 
 
@@ -363,6 +363,51 @@ class Silu(Function):
     @staticmethod
     def example(dtype, size):
         return (random_array(dtype, size),), {}
+
+
+class Swiglu(Function):
+    """SwiGLU's gate, z = silu(a) * b, where a and b are the two halves of
+    the last axis of h = [a | b] (Llama's feed-forward: h = x [W1; W3]^T, one
+    product for both, then w2(swiglu(h))).
+
+    dL/da = g * b * (s + a s (1 - s)),   dL/db = g * silu(a),   s = sigmoid(a)
+
+    (the product rule, and SiLU's derivative). Why fused: one pass reads h
+    and writes z, and one writes the whole gradient of h; as separate ops
+    the halves' slices, silu and the product each make an array and a pass,
+    and the slices' backwards each a zero-filled copy of h. Measured on the
+    Llama workload's training step (4 layers of (12, 64, 2 x 352), with w1
+    and w3 in one product): about 4% faster (docs/performance.md).
+    Readable version: tinygrad_attn.reference.numpy_backward.swiglu_backward.
+    """
+
+    @staticmethod
+    def forward(ctx, h):
+        float_dtype("swiglu", h)
+        if h.ndim < 1 or h.shape[-1] % 2:
+            raise ShapeError(f"swiglu: the last axis of the input holds the two halves [a | b], so its "
+                             f"size must be even; got shape {h.shape}")
+        rows, n = math.prod(h.shape[:-1]), h.shape[-1] // 2
+        h2 = np.ascontiguousarray(h).reshape(rows, 2 * n)
+        out = np.empty((rows, n), h.dtype)
+        if out.size:
+            swiglu_forward(h2, out)
+        ctx.save_for_backward(h2)
+        ctx.shape = h.shape
+        return out.reshape(h.shape[:-1] + (n,))
+
+    @staticmethod
+    def backward(ctx, grad):
+        h2, = ctx.saved_tensors
+        g = np.ascontiguousarray(grad, dtype=h2.dtype).reshape(h2.shape[0], h2.shape[1] // 2)
+        dh = np.empty_like(h2)
+        if dh.size:
+            swiglu_backward(h2, g, dh)
+        return dh.reshape(ctx.shape)
+
+    @staticmethod
+    def example(dtype, size):
+        return (random_array(dtype, max(1, size // 128), 128),), {}
 
 
 class Abs(Function):

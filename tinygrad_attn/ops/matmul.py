@@ -13,7 +13,7 @@ import numpy as np
 
 from ..autograd import Function
 from ..shapes import ShapeError, broadcast_shapes
-from ..kernels.matmul import batched_matmul
+from ..kernels.matmul import batched_matmul, batched_matmul_pair
 from .array_views import as_matrices, random_array
 
 
@@ -45,16 +45,40 @@ def stack_product(a, trans_a, b, trans_b, batch, m, n, k, dtype, bias=None):
     return out.reshape(tuple(batch) + (m, n))
 
 
-def product(a, b, bias=None):
-    """a @ b (+ bias) for operands of two or more axes, numpy's batch broadcasting."""
-    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):  # integers: numpy
-        return np.matmul(a, b) if bias is None else np.matmul(a, b) + bias
+def _stack_args(a, b, bias=None):
+    """(the arguments of `batched_matmul` for a @ b (+ bias), the result's shape), operands of
+    two or more axes of one float dtype, numpy's batch broadcasting."""
     batch = () if a.ndim == b.ndim == 2 else broadcast_shapes("matmul (batch dimensions)", a.shape[:-2],
                                                                b.shape[:-2])
     *ma, ta = as_matrices(a, batch, allow_transposed=True)
     *mb, tb = as_matrices(b, batch, allow_transposed=True)  # each a (buffer, offsets, row stride) triple
     (m, k), n = a.shape[-2:], b.shape[-1]
-    return stack_product(tuple(ma), ta, tuple(mb), tb, batch, m, n, k, np.result_type(a, b), bias)
+    out = np.empty((math.prod(batch), m, n), a.dtype)
+    return (tuple(ma), ta, tuple(mb), tb, m, n, k, out, bias), tuple(batch) + (m, n)
+
+
+def _numpy_only(a, b):
+    return a.dtype != b.dtype or a.dtype not in (np.float32, np.float64)  # integers: numpy
+
+
+def product(a, b, bias=None):
+    """a @ b (+ bias) for operands of two or more axes, numpy's batch broadcasting."""
+    if _numpy_only(a, b):
+        return np.matmul(a, b) if bias is None else np.matmul(a, b) + bias
+    args, shape = _stack_args(a, b, bias)
+    batched_matmul(*args)
+    return args[7].reshape(shape)
+
+
+def products(a1, b1, a2, b2):
+    """(a1 @ b1, a2 @ b2), two independent products in one parallel job
+    (kernels/matmul.py's `batched_matmul_pair` says why): a layer's two
+    gradient products."""
+    if _numpy_only(a1, b1) or _numpy_only(a2, b2):
+        return product(a1, b1), product(a2, b2)
+    (first, shape1), (second, shape2) = _stack_args(a1, b1), _stack_args(a2, b2)
+    batched_matmul_pair(first, second)
+    return first[7].reshape(shape1), second[7].reshape(shape2)
 
 
 def transposed(x):
@@ -90,9 +114,14 @@ class MatMul(Function):
         if a.ndim >= 2 and b.ndim >= 2:
             if a.ndim >= 3 and b.ndim == 2:  # the single product of forward
                 a2, g2 = _flat_rows(a), _flat_rows(grad)
+                if need_a and need_b:
+                    da, db = products(g2, transposed(b), transposed(a2), g2)
+                    return da.reshape(a.shape), db
                 return (product(g2, transposed(b)).reshape(a.shape) if need_a else None,
                         product(transposed(a2), g2) if need_b else None)
             # dA = G B^T, dB = A^T G over the broadcast batch (the engine sums broadcast axes)
+            if need_a and need_b:
+                return products(grad, transposed(b), transposed(a), grad)
             return (product(grad, transposed(b)) if need_a else None,
                     product(transposed(a), grad) if need_b else None)
         if a.ndim == 1 and b.ndim == 1:  # dot product: z is a scalar
@@ -150,10 +179,14 @@ class LinearOp(Function):
     def backward(ctx, grad):
         x2, weight = ctx.saved_tensors
         g = _flat_rows(grad).astype(x2.dtype, copy=False)
-        grads = (
-            product(g, weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
-            product(transposed(g), x2) if ctx.needs_input_grad[1] else None,
-        )
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:  # dx = g W and dW = g^T x in one job
+            dx, dw = products(g, weight, transposed(g), x2)
+            grads = (dx.reshape(ctx.x_shape), dw)
+        else:
+            grads = (
+                product(g, weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+                product(transposed(g), x2) if ctx.needs_input_grad[1] else None,
+            )
         if ctx.has_bias:
             grads += (g.sum(axis=0) if ctx.needs_input_grad[2] else None,)
         return grads

@@ -15,4 +15,4 @@ named after its op and taking what the op's `apply` takes.
 """
 from .composites import (apply_rotary_emb, attention_weights, cross_entropy, dropout, gelu,  # noqa: F401
                          layer_norm, linear, log_softmax, packed_self_attention, rms_norm,
-                         scaled_dot_product_attention, silu, softmax)
+                         scaled_dot_product_attention, silu, softmax, swiglu)

@@ -25,7 +25,7 @@ from ..kernels.random_bits import uniform_bits_numpy
 from ..ops.attention import AttentionWeights, PackedSelfAttention, ScaledDotProductAttention, gqa_groups
 from ..ops.cross_entropy import CrossEntropy
 from ..ops.dropout import DropoutOp, draw_key, keep_rule
-from ..ops.elementwise import Gelu, Silu
+from ..ops.elementwise import Gelu, Silu, Swiglu
 from ..ops.layer_norm import LayerNormOp
 from ..ops.matmul import LinearOp
 from ..ops.movement import repeat_kv_heads
@@ -244,6 +244,17 @@ def gelu(x, approximate="none"):
 def silu(x):
     """x * sigmoid(x): the product of two primitive ops, whose backward the engine chains."""
     return x * x.sigmoid()
+
+
+@composite_of(Swiglu)
+def swiglu(h):
+    """silu(a) * b for the halves [a | b] of h's last axis: two slices, a SiLU and a product."""
+    n = h.shape[-1] // 2
+    if h.shape[-1] % 2:
+        raise ShapeError(f"swiglu: the last axis of the input holds the two halves [a | b], so its size "
+                         f"must be even; got shape {h.shape}")
+    a, b = h[..., :n], h[..., n:]
+    return a * a.sigmoid() * b
 
 
 @composite_of(PackedSelfAttention)

@@ -420,6 +420,24 @@ def silu_backward(x, grad):
     return grad * (s + x * s * (1 - s))
 
 
+
+def swiglu_forward(h):
+    """silu(a) * b for the halves [a | b] of h's last axis."""
+    a, b = np.split(h, 2, axis=-1)
+    return silu_forward(a) * b
+
+
+def swiglu_backward(h, grad):
+    """dL/dh = [dL/da | dL/db] for z = silu(a) * b, g = dL/dz:
+
+        dL/da = g * b * silu'(a) = g * b * (s + a s (1 - s)),   dL/db = g * silu(a)
+
+    (the product rule; the two halves' gradients side by side, as h was).
+    (The fused op: tinygrad_attn.ops.elementwise.Swiglu.)
+    """
+    a, b = np.split(h, 2, axis=-1)
+    return np.concatenate([silu_backward(a, grad * b), grad * silu_forward(a)], axis=-1)
+
 # ---------------------------------------------------------------- embedding
 
 def embedding_forward(weight, indices):
