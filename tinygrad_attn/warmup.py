@@ -1,7 +1,7 @@
 """Compile a training step's kernels ahead of time: `python -m tinygrad_attn warmup`.
 
 Numba compiles a kernel the first time it is called with new argument
-types (0.3-1.5 s each; a Transformer step uses a dozen) and caches it on
+types (0.3-2 s each; a Transformer step uses a dozen) and caches it on
 disk, so only the first run after installing (or after editing a kernel)
 pays. Nothing happens at import; this module is for the programs that
 prefer to pay up front and say so:
