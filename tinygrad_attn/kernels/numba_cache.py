@@ -1,6 +1,6 @@
 """Where Numba caches our compiled kernels.
 
-Compiling a kernel costs ~0.3-1.5 s, loading it from the on-disk cache a
+Compiling a kernel costs ~0.3-2 s, loading it from the on-disk cache a
 few ms, so every kernel uses `cache=True`. Numba caches next to the source
 (`__pycache__`); when the package directory is read-only (a system-wide
 install, a container) and the user has not chosen a directory with
