@@ -37,7 +37,7 @@ def test_needs_a_data_file():
     pass
 
 
-def test_needs_a_checkout_named_by_an_environment_variable():  # as tests/test_llama.py's LLAMA2C_DIR
+def test_needs_a_checkout_named_by_an_environment_variable():
     pytest.skip("SOME_CHECKOUT_DIR_XYZ is not set: point it at a checkout")
 '''
 

@@ -3,13 +3,13 @@ names (examples/torch_models.py's Llama, written after llama2.c's model.py)
 and giving its logits and gradients; generation with a key/value cache of
 the shared heads only; the reference ops path.
 
-Opt-in, with LLAMA2C_DIR set to a llama2.c checkout
-(https://github.com/karpathy/llama2.c; none is shipped here): the same
-against llama2.c's own model.py run under torch, and llama2.c's run.c,
-compiled with gcc, generating our greedy tokens from an `export --to
-llama2c`. Without LLAMA2C_DIR these tests are skipped, listed with the
-reason (pytest -ra): a skip, never a silent pass."""
+And against llama2.c's own code (https://github.com/karpathy/llama2.c),
+unchanged copies of which are in tests/third_party/llama2c: the same
+against its model.py run under torch, and its run.c, compiled with gcc,
+generating our greedy tokens from an `export --to llama2c`. LLAMA2C_DIR,
+when set, names another llama2.c checkout to test against instead."""
 import dataclasses
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -166,21 +166,34 @@ def test_bad_input_names_the_model():
         model.generate(np.array([1]), 3, temperature=-1)
 
 
-# ------------------------------------------------- llama2.c's own code (opt-in)
+# ------------------------------------------------- llama2.c's own code
+
+LLAMA2C_COPY = Path(__file__).parent / "third_party" / "llama2c"
+# sha256 of the copies of llama2.c (commit 350e04f) in tests/third_party/llama2c
+LLAMA2C_SHA256 = {
+    "model.py": "54f35dbd347100c0066da93dfdf9f19c2ec1e8758bfffcedbdfdb09d5c343e1f",
+    "run.c": "9c4f2d5c6ae01b71726d1cc37530d71e60bff0ec7cc012565f16a43c1ca658bd",
+}
+
 
 def llama2c_file(name):
-    """The path of `name` in the llama2.c checkout $LLAMA2C_DIR names. Unset:
-    pytest.skip, with a reason naming the variable (tests/conftest.py turns
-    only skips for missing declared packages into failures, so CI, which
-    has no checkout, lists this one as a skip)."""
+    """The path of `name` in llama2.c: in the checkout $LLAMA2C_DIR names if
+    set, else in the unchanged copy in tests/third_party/llama2c."""
     root = os.environ.get("LLAMA2C_DIR")
     if not root:
-        pytest.skip("LLAMA2C_DIR is not set: point it at a llama2.c checkout "
-                    "(github.com/karpathy/llama2.c) to test against its model.py and run.c")
+        return LLAMA2C_COPY / name
     path = Path(root) / name
     if not path.is_file():
         pytest.fail(f"LLAMA2C_DIR={root} has no {name}: it should be a llama2.c checkout")
     return path
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA2C_SHA256))
+def test_the_copies_of_llama2c_are_unchanged(name):
+    """The tests below run llama2.c's own files: an edit to the copies would
+    make them test our idea of llama2.c instead."""
+    digest = hashlib.sha256((LLAMA2C_COPY / name).read_bytes()).hexdigest()
+    assert digest == LLAMA2C_SHA256[name], f"tests/third_party/llama2c/{name} differs from llama2.c's"
 
 
 def llama2c_model_py():

@@ -4,7 +4,7 @@ tokenizer file that llama2.c's run.c reads, checked with our own reader.
 
 (That run.c itself runs an exported model and gives our greedy tokens is
 tests/test_llama.py's test_llama2cs_run_c_generates_our_greedy_tokens,
-opt-in: it needs LLAMA2C_DIR, a llama2.c checkout, and gcc.)"""
+on the copy of run.c in tests/third_party/llama2c, compiled with gcc.)"""
 import struct
 
 import numpy as np
