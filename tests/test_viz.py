@@ -409,6 +409,18 @@ def test_small_maps_have_their_numbers_in_the_cells(plt):
     assert [t.get_text() for t in heads[0].texts][1] == "0"  # an exact zero is written "0"
 
 
+def test_saving_a_heatmap_draws_it_once(plt, tmp_path, monkeypatch):
+    """Its layout is done when it is returned: savefig does not lay out every
+    text again (viz.tight_layout), and the cell numbers are not measured."""
+    import matplotlib.figure
+    fig = viz.attention_heatmap(np.full((2, 11, 11), 1 / 11), tokens=list("abcdefghijk"))
+    assert all(not t.get_in_layout() for t in panels(fig)[0].texts)
+    draws, draw = [], matplotlib.figure.Figure.draw
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", lambda self, r: draws.append(r) or draw(self, r))
+    fig.savefig(tmp_path / "map.png", dpi=50)
+    assert len(draws) == 1
+
+
 def test_numbers_are_off_for_large_maps_unless_forced(plt):
     w = np.full((13, 13), 1 / 13)
     assert len(panels(viz.attention_heatmap(w))[0].texts) == 0

@@ -79,7 +79,7 @@ def loss_figure(history, title=None):
     ax_norm.set_xlabel("step")
     ax_norm.grid(alpha=0.3)
     fig.align_ylabels([ax, ax_lr, ax_norm])
-    fig.tight_layout()
+    viz.tight_layout(fig)
     return fig
 
 
@@ -123,5 +123,5 @@ def heatmap_figure(weights, keys, queries, title=None):
                 continue
             ax.tick_params(axis="x", labelrotation=0, labelsize=11)
             ax.tick_params(axis="y", labelsize=11)
-        fig.tight_layout()
+        viz.tight_layout(fig)
     return fig
