@@ -212,6 +212,27 @@ def test_charlm_report_and_outputs(tmp_path):
     assert any(line.startswith("sample") for line in lines)
 
 
+def test_report_prints_the_results_before_it_draws_the_plots(tmp_path, monkeypatch):
+    """Drawing the heatmaps takes seconds (6 s for the default copy run): the
+    results are printed first, then a line saying that it draws, and the
+    checkpoint's path once everything is written."""
+    from tinygrad_attn.train import plots
+    lines, seen_while_drawing = [], []
+    draw = plots.attention_heatmaps
+    monkeypatch.setattr(plots, "attention_heatmaps",
+                        lambda *args: seen_while_drawing.extend(lines) or draw(*args))
+    trainer = Trainer(tiny(tmp_path, steps=4, eval_every=2), progress=False, log=lines.append)
+    trainer.fit()
+    del lines[:]
+    trainer.report()
+    assert seen_while_drawing, "the heatmaps were not drawn"
+    assert seen_while_drawing[0].startswith("done: 4 steps")
+    assert any(line.startswith("final val_loss") for line in seen_while_drawing)
+    assert seen_while_drawing[-1] == "drawing the loss curve and the attention heatmaps ..."
+    assert lines[len(seen_while_drawing)].startswith("loss curve: ")
+    assert lines[-1] == f"checkpoint: {trainer.checkpoint_path}"
+
+
 def test_resume_can_train_longer_and_refuses_to_do_nothing(tmp_path):
     trainer = quiet(tiny(tmp_path, steps=6, warmup=1))
     trainer.fit()

@@ -431,14 +431,15 @@ class Trainer:
                 else f"{self.config.eval_size} validation windows")
         lines.append(f"final {format_metrics(metrics)} ({what})")
         lines += self.job.examples()
+        for line in lines:  # the results first: drawing the plots takes seconds (6 s for the copy task's)
+            self.log(line)
         if plots:
-            lines += self.write_plots()
-        lines.append(f"checkpoint: {self.checkpoint_path}")
+            for line in self.write_plots():
+                self.log(line)
         os.makedirs(self.config.out, exist_ok=True)
         self._log_metrics({"type": "final", "step": self.step, **finite_json(metrics)})
         self.write_metrics("done", final=metrics)
-        for line in lines:
-            self.log(line)
+        self.log(f"checkpoint: {self.checkpoint_path}")
         return metrics
 
     def write_metrics(self, status, final=None):
@@ -448,11 +449,13 @@ class Trainer:
         write_summary(self._path(METRICS_NAME), status, self.step, self.train_seconds, self.history, final)
 
     def write_plots(self):
-        """Write loss.png and attention/<layer>.png; returns lines saying what was written."""
+        """Write loss.png and attention/<layer>.png; returns lines saying what was written
+        (and says first that it is drawing: a few seconds without output otherwise)."""
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             return ["plots skipped: matplotlib is not installed (pip install 'tinygrad_attn[train]')"]
+        self.log("drawing the loss curve and the attention heatmaps ...")
         from .plots import attention_heatmaps, loss_curve
         loss_path = loss_curve(self.history, self._path(LOSS_PLOT_NAME),
                                title=f"{self.config.task}: training and evaluation")
